@@ -1,0 +1,156 @@
+"""Checkpoints: complete training state, written atomically, loaded with weights_only=True.
+
+A checkpoint is checkpoints/step_<N>.pt. It is written under a temporary name, fsynced and renamed,
+so a crash mid-save leaves the previous checkpoints untouched and never a half-written newest one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import random
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from .config import ConfigError
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used; the message says which file and why (exit status 2)."""
+
+
+def strip_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Keys without the module. / _orig_mod. prefixes that wrapped or compiled models add."""
+    clean = {}
+    for key, value in state_dict.items():
+        while key.startswith(WRAPPER_PREFIXES):
+            key = key.split(".", 1)[1]
+        clean[key] = value
+    return clean
+
+
+def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
+    """Call write(tmp_path), fsync it, then rename it to path (and fsync the folder)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(directory: Path, state: dict, step: int, keep_last: int) -> Path:
+    """Write state as directory/step_<step>.pt atomically and delete all but the newest keep_last."""
+    path = Path(directory) / f"step_{step:08d}.pt"
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+    for old in list_checkpoints(directory)[:-keep_last]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def list_checkpoints(directory: Path) -> list[Path]:
+    """Finished checkpoints in directory, oldest first (temporary files are ignored)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.iterdir() if CHECKPOINT_NAME.match(p.name)]
+    return sorted(found, key=lambda p: int(CHECKPOINT_NAME.match(p.name).group(1)))
+
+
+def load_checkpoint(path: Path, map_location="cpu") -> dict:
+    """Load a checkpoint with weights_only=True: tensors and plain types only, never arbitrary code."""
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as err:
+        reason = str(err).strip().splitlines()[0]
+        raise CheckpointError(f"{path}: refused, it holds more than tensors and plain types ({reason})") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as err:
+        reason = str(err).strip().splitlines()[0]
+        raise CheckpointError(f"{path}: unreadable, truncated or corrupt ({reason})") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"{path}: not a training checkpoint of this project (no 'model' entry)")
+    return state
+
+
+def latest_checkpoint(directory: Path, map_location="cpu") -> tuple[Path, dict] | None:
+    """The newest checkpoint that loads; broken newer ones are skipped with a warning."""
+    for path in reversed(list_checkpoints(directory)):
+        try:
+            return path, load_checkpoint(path, map_location)
+        except CheckpointError as err:
+            log.warning("skipping checkpoint: %s", err)
+    return None
+
+
+def save_weights(state_dict: dict[str, torch.Tensor], path: Path) -> None:
+    """Plain weights with clean keys as safetensors, written atomically."""
+    tensors = {k: v.detach().cpu().contiguous() for k, v in strip_prefixes(state_dict).items()}
+    atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp)))
+
+
+def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Model weights from a .safetensors file, a state_dict .pt file or a training checkpoint."""
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        weights = load_file(str(path))
+    else:
+        try:
+            weights = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise CheckpointError(f"{path}: cannot load weights ({str(err).strip().splitlines()[0]})") from None
+        if isinstance(weights, dict) and isinstance(weights.get("model"), dict):
+            weights = weights["model"]
+    return strip_prefixes(weights)
+
+
+def rng_state() -> dict:
+    """python, numpy and torch RNG states as tensors and plain types, which weights_only can load."""
+    np_state = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what rng_state() returned."""
+    random.setstate(state["python"])
+    np_state = state["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            np_state["keys"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

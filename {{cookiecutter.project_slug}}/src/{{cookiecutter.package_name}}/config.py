@@ -1,0 +1,353 @@
+"""Typed configuration: dataclasses with a doc per field, YAML files and dotted overrides.
+
+    python -m PACKAGE.train --config configs/default.yaml trainer.max_epochs=5 data.batch_size=64
+
+Later sources win: dataclass defaults < each --config file in order < key=value overrides.
+Any mistake (unknown key, wrong type, value not allowed, impossible combination, missing data)
+raises ConfigError, which the entry points turn into one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import itertools
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+DEFAULT_TRACKER = "{{ cookiecutter.tracker }}"
+
+
+class ConfigError(Exception):
+    """A configuration the user must fix; the message names the key and what is allowed."""
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = "runs/default"
+    """Directory for everything this run writes: metrics.jsonl, checkpoints/, config.yaml, export/."""
+    seed: int = 0
+    """One seed for python, numpy, torch and the DataLoader workers."""
+    deterministic: bool = False
+    """Deterministic kernels only (cudnn.deterministic, use_deterministic_algorithms); slower."""
+    device: str = "auto"
+    """auto (CUDA when available, else CPU), cpu or cuda."""
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"
+    """synthetic (learnable images made in memory, no download), cifar10 or imagefolder."""
+    root: str = "data"
+    """Dataset folder. cifar10 downloads here; imagefolder reads root/train/<class>/* and root/val/<class>/*."""
+    batch_size: int = 128
+    """Samples per process per micro-batch; the global batch is batch_size x world size x grad_accum_steps."""
+    num_workers: int = 2
+    """DataLoader worker processes per training process (0 loads in the main process)."""
+    augment: bool = True
+    """Random crop and horizontal flip on training images; validation images are never augmented."""
+    image_size: int = 32
+    """Side of the square images, in pixels (synthetic images are made at this size; imagefolder resizes)."""
+    num_classes: int = 10
+    """Classes of the synthetic data set (cifar10 and imagefolder take theirs from the data)."""
+    train_size: int = 4000
+    """Training samples of the synthetic data set."""
+    val_size: int = 1000
+    """Validation samples of the synthetic data set."""
+    download: bool = True
+    """cifar10 only: download into data.root when it is not there yet."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "resnet18"
+    """Any torchvision classification model, e.g. resnet18, resnet50, convnext_tiny, vit_b_16."""
+    norm: str = "batch"
+    """ResNets only: batch (BatchNorm) or group (GroupNorm, independent of batch size)."""
+    small_input: bool = True
+    """ResNets only: 3x3 stride-1 stem that suits 32x32 images instead of the 7x7 stride-2 ImageNet stem."""
+    pretrained: str | None = None
+    """Local weights file (.safetensors or a .pt state_dict) to start from; the classifier head may differ."""
+    freeze_backbone: bool = False
+    """Train only the classifier head (needs model.pretrained); frozen BatchNorm stays in eval mode."""
+    compile: bool = False
+    """torch.compile the model (the first steps are slow while it compiles)."""
+    channels_last: bool = False
+    """channels_last memory format for model and inputs (faster convolutions on recent GPUs)."""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-3
+    """Peak learning rate of AdamW, reached after the warmup."""
+    weight_decay: float = 0.05
+    """AdamW decoupled weight decay."""
+    warmup_steps: int = 50
+    """Optimizer steps of linear warmup from 0 to optim.lr; cosine decay follows."""
+    min_lr_ratio: float = 0.01
+    """Learning rate at the end of the cosine decay, as a fraction of optim.lr."""
+
+
+@dataclass
+class TrainerConfig:
+    max_epochs: int = 3
+    """Stop after this many epochs (or at trainer.max_steps, whichever comes first)."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps; null means no limit."""
+    grad_accum_steps: int = 1
+    """Micro-batches per optimizer step; each micro-batch loss is scaled by 1/grad_accum_steps."""
+    precision: str = "fp32"
+    """fp32, bf16 (autocast) or fp16 (autocast with a gradient scaler; CUDA only)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value; 0 turns clipping off."""
+    checkpoint_every: int = 500
+    """Optimizer steps between checkpoints (one is also written after every epoch)."""
+    keep_last: int = 3
+    """Checkpoints kept in output_dir/checkpoints (older ones are deleted)."""
+    resume: str = "auto"
+    """auto (newest valid checkpoint in output_dir, if any), never, or the path of a checkpoint."""
+    log_every: int = 20
+    """Optimizer steps between train/loss lines in metrics.jsonl."""
+
+
+@dataclass
+class TrackerConfig:
+    name: str = DEFAULT_TRACKER
+    """none, wandb or tensorboard; metrics.jsonl is written in every case."""
+    project: str | None = None
+    """wandb project (defaults to the package name)."""
+    run_name: str | None = None
+    """Run name shown by the tracker (defaults to the output_dir's name)."""
+
+
+@dataclass
+class DistributedConfig:
+    strategy: str = "auto"
+    """auto (ddp when more than one process, none when one), none, ddp or fsdp."""
+    backend: str = "auto"
+    """auto (nccl on CUDA, gloo on CPU), nccl or gloo."""
+    timeout_s: int = 600
+    """Seconds a collective may wait before the job fails, so a dead peer cannot hang it."""
+    sync_batchnorm: bool = False
+    """BatchNorm statistics over the global batch (torch's SyncBatchNorm needs CUDA)."""
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    tracker: TrackerConfig = field(default_factory=TrackerConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+
+CHOICES = {
+    "run.device": ("auto", "cpu", "cuda"),
+    "data.name": ("synthetic", "cifar10", "imagefolder"),
+    "model.norm": ("batch", "group"),
+    "trainer.precision": ("fp32", "bf16", "fp16"),
+    "tracker.name": ("none", "wandb", "tensorboard"),
+    "distributed.strategy": ("auto", "none", "ddp", "fsdp"),
+    "distributed.backend": ("auto", "nccl", "gloo"),
+}
+AT_LEAST_ONE = (
+    "data.batch_size",
+    "data.image_size",
+    "data.num_classes",
+    "data.train_size",
+    "data.val_size",
+    "trainer.max_epochs",
+    "trainer.grad_accum_steps",
+    "trainer.checkpoint_every",
+    "trainer.keep_last",
+    "trainer.log_every",
+    "distributed.timeout_s",
+)
+
+
+def load_config(config_files: list[str | Path] = (), overrides: list[str] = (), base: dict | None = None) -> Config:
+    """Merge defaults, base (a stored config), YAML files and key=value overrides into a validated Config."""
+    merged = OmegaConf.structured(Config)
+    try:
+        if base:
+            merged = OmegaConf.merge(merged, base)
+        for path in config_files:
+            merged = OmegaConf.merge(merged, _read_yaml(Path(path)))
+        for item in overrides:
+            if "=" not in item:
+                raise ConfigError(f"override {item!r}: write it as key=value, e.g. trainer.max_epochs=5")
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise ConfigError(_explain(err)) from None
+    validate(cfg)
+    return cfg
+
+
+def _read_yaml(path: Path):
+    if not path.is_file():
+        raise ConfigError(f"--config {path}: no such file")
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as err:  # yaml's errors are several classes; all mean the same to the user
+        first_line = str(err).strip().splitlines()[0]
+        raise ConfigError(f"--config {path}: not valid YAML ({first_line})") from None
+    if not OmegaConf.is_dict(loaded):
+        raise ConfigError(f"--config {path}: expected a mapping of sections (run:, data:, ...)")
+    return loaded
+
+
+def _explain(err: OmegaConfBaseException) -> str:
+    key = getattr(err, "full_key", None) or "config"
+    first_line = str(getattr(err, "msg", None) or err).splitlines()[0]
+    if "not in" in first_line:
+        close = difflib.get_close_matches(key, all_keys(), n=1, cutoff=0.6)
+        if not close:  # e.g. "lr=0.1" for "optim.lr"
+            leaf = key.rsplit(".", 1)[-1]
+            close = [k for k in all_keys() if k.rsplit(".", 1)[-1] == leaf]
+        hint = f"did you mean {close[0]}?" if close else f"known sections: {', '.join(SECTIONS)}"
+        return f"{key}: unknown key; {hint}"
+    expected = _field_type(key)
+    if expected:
+        return f"{key}: expected {expected} ({first_line})"
+    return f"{key}: {first_line}"
+
+
+SECTIONS = tuple(f.name for f in dataclasses.fields(Config))
+
+
+def all_keys() -> list[str]:
+    """Every dotted key, e.g. data.batch_size."""
+    return [
+        f"{section.name}.{leaf.name}"
+        for section in dataclasses.fields(Config)
+        for leaf in dataclasses.fields(section.default_factory)
+    ]
+
+
+def _field_type(key: str) -> str | None:
+    section, _, leaf = key.partition(".")
+    for sec in dataclasses.fields(Config):
+        if sec.name == section:
+            for f in dataclasses.fields(sec.default_factory):
+                if f.name == leaf:
+                    return str(f.type)
+    return None
+
+
+def _get(cfg: Config, key: str):
+    section, leaf = key.split(".")
+    return getattr(getattr(cfg, section), leaf)
+
+
+def validate(cfg: Config) -> None:
+    """Refuse values that are not allowed and combinations that cannot work, naming the key."""
+    for key, allowed in CHOICES.items():
+        if _get(cfg, key) not in allowed:
+            raise ConfigError(f"{key}={_get(cfg, key)!r} is not allowed; choose one of {', '.join(allowed)}")
+    for key in AT_LEAST_ONE:
+        if _get(cfg, key) < 1:
+            raise ConfigError(f"{key}={_get(cfg, key)} must be at least 1")
+    if cfg.data.num_workers < 0:
+        raise ConfigError(f"data.num_workers={cfg.data.num_workers} must be 0 or more")
+    if cfg.trainer.max_steps is not None and cfg.trainer.max_steps < 1:
+        raise ConfigError("trainer.max_steps must be at least 1, or null for no limit")
+    if cfg.optim.lr <= 0 or cfg.optim.weight_decay < 0 or cfg.optim.warmup_steps < 0:
+        raise ConfigError("optim.lr must be > 0, optim.weight_decay and optim.warmup_steps >= 0")
+    if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
+        raise ConfigError(f"optim.min_lr_ratio={cfg.optim.min_lr_ratio} must be between 0 and 1")
+    if cfg.trainer.grad_clip < 0:
+        raise ConfigError("trainer.grad_clip must be >= 0 (0 turns clipping off)")
+    if cfg.trainer.resume not in ("auto", "never") and not Path(cfg.trainer.resume).is_file():
+        raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: no such file; use auto, never or a checkpoint path")
+
+    cuda = torch.cuda.is_available()
+    if cfg.run.device == "cuda" and not cuda:
+        raise ConfigError("run.device=cuda but no CUDA device is visible; use run.device=auto or cpu")
+    on_cuda = cuda and cfg.run.device != "cpu"
+    if cfg.trainer.precision == "fp16" and not on_cuda:
+        raise ConfigError("trainer.precision=fp16 needs a CUDA device; use bf16 or fp32 on CPU")
+    if cfg.distributed.sync_batchnorm and not on_cuda:
+        raise ConfigError("distributed.sync_batchnorm=true needs CUDA (torch's SyncBatchNorm refuses CPU tensors)")
+    if cfg.distributed.backend == "nccl" and not on_cuda:
+        raise ConfigError("distributed.backend=nccl needs CUDA; use gloo or auto on CPU")
+    if cfg.model.norm == "group" and not cfg.model.name.startswith(("resnet", "resnext", "wide_resnet")):
+        raise ConfigError(f"model.norm=group works with ResNets only, not model.name={cfg.model.name}")
+    if cfg.model.freeze_backbone and not cfg.model.pretrained:
+        raise ConfigError("model.freeze_backbone=true needs model.pretrained (a frozen random backbone learns nothing)")
+    if cfg.model.pretrained and not Path(cfg.model.pretrained).is_file():
+        raise ConfigError(f"model.pretrained={cfg.model.pretrained!r}: no such file")
+    if cfg.data.name == "imagefolder":
+        for split in ("train", "val"):
+            if not (Path(cfg.data.root) / split).is_dir():
+                raise ConfigError(
+                    f"data.root={cfg.data.root!r} has no {split}/ folder; imagefolder expects "
+                    "root/train/<class>/<image> and root/val/<class>/<image>"
+                )
+
+
+def to_yaml(cfg: Config) -> str:
+    """The resolved config as YAML (what config.yaml in the run directory holds)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: Config) -> dict:
+    """The resolved config as plain Python types (safe to store in a checkpoint)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg))
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The docstring written under each field of a config dataclass."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {
+        node.target.id: doc.value.value
+        for node, doc in itertools.pairwise(body)
+        if isinstance(node, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+    }
+
+
+def help_text(program: str) -> str:
+    """Usage plus every key with its default and documentation."""
+    lines = [
+        f"usage: python -m {program} [--config FILE.yaml ...] [section.key=value ...]",
+        "",
+        "Keys (default) and meaning:",
+    ]
+    defaults = Config()
+    for section in dataclasses.fields(Config):
+        docs = field_docs(section.default_factory)
+        for leaf in dataclasses.fields(section.default_factory):
+            key = f"{section.name}.{leaf.name}"
+            lines.append(f"  {key} ({_get(defaults, key)!r})\n      {docs.get(leaf.name, '')}")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str], program: str) -> tuple[list[str], list[str]]:
+    """Split argv into --config files and key=value overrides; --help prints every key."""
+    files, overrides = [], []
+    args = iter(argv)
+    for arg in args:
+        if arg in ("-h", "--help"):
+            print(help_text(program))
+            raise SystemExit(0)
+        if arg == "--config":
+            path = next(args, None)
+            if path is None:
+                raise ConfigError("--config needs a file name")
+            files.append(path)
+        elif arg.startswith("--config="):
+            files.append(arg.split("=", 1)[1])
+        elif arg.startswith("-"):
+            raise ConfigError(f"unknown option {arg}; options are --config FILE and key=value overrides")
+        else:
+            overrides.append(arg)
+    return files, overrides

@@ -1,0 +1,169 @@
+"""Data sets and loaders: synthetic (default), CIFAR-10 and ImageFolder.
+
+Every process sees its own slice of the data: the training sampler shuffles with (seed, epoch) and
+can start part-way through an epoch when a run resumes; the validation set is split into disjoint
+strided slices, so across all processes every validation sample is counted exactly once.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torchvision import datasets
+from torchvision.transforms import v2
+
+from .config import ConfigError, DataConfig
+
+MEAN_STD = {
+    "synthetic": ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "imagefolder": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),  # ImageNet statistics
+}
+
+
+class SyntheticImages(Dataset):
+    """Learnable images made in memory: each class is a smooth colour pattern; samples are noisy copies.
+
+    The same (seed, split) always gives the same images; train and val share the class patterns
+    but not the samples. Images are uint8 CHW tensors, like decoded real images.
+    """
+
+    def __init__(self, size, num_classes=10, image_size=32, split="train", seed=0, transform=None):
+        patterns = torch.Generator().manual_seed(seed)
+        prototypes = torch.rand(num_classes, 3, 4, 4, generator=patterns)
+        prototypes = torch.nn.functional.interpolate(prototypes, size=image_size, mode="bicubic")
+        samples = torch.Generator().manual_seed(seed + {"train": 1, "val": 2}[split])
+        self.targets = torch.randint(num_classes, (size,), generator=samples)
+        contrast = 0.2 + 0.4 * torch.rand(size, 1, 1, 1, generator=samples)
+        noise = 0.3 * torch.randn(size, 3, image_size, image_size, generator=samples)
+        images = (0.5 + contrast * (prototypes[self.targets] - 0.5) + noise).clamp(0, 1)
+        self.images = (images * 255).round().to(torch.uint8)
+        self.classes = [f"class_{i}" for i in range(num_classes)]
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.targets)
+
+    def __getitem__(self, index):
+        image = self.images[index]
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.targets[index])
+
+
+def build_transforms(cfg: DataConfig, train: bool) -> v2.Compose:
+    """Random crop + flip for training when data.augment is on; plain resize/normalise otherwise."""
+    mean, std = MEAN_STD[cfg.name]
+    steps: list = [v2.ToImage()]
+    if cfg.name == "imagefolder":
+        if train and cfg.augment:
+            steps.append(v2.RandomResizedCrop(cfg.image_size, scale=(0.35, 1.0), antialias=True))
+        else:
+            steps += [v2.Resize(cfg.image_size, antialias=True), v2.CenterCrop(cfg.image_size)]
+    elif train and cfg.augment:
+        steps.append(v2.RandomCrop(cfg.image_size, padding=cfg.image_size // 8, padding_mode="reflect"))
+    if train and cfg.augment:
+        steps.append(v2.RandomHorizontalFlip())
+    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+    return v2.Compose(steps)
+
+
+def build_datasets(cfg: DataConfig, seed: int = 0) -> tuple[Dataset, Dataset, int]:
+    """The training and validation sets and their number of classes."""
+    train_tf, val_tf = build_transforms(cfg, train=True), build_transforms(cfg, train=False)
+    if cfg.name == "synthetic":
+        common = dict(num_classes=cfg.num_classes, image_size=cfg.image_size, seed=seed)
+        train_set = SyntheticImages(cfg.train_size, split="train", transform=train_tf, **common)
+        val_set = SyntheticImages(cfg.val_size, split="val", transform=val_tf, **common)
+    elif cfg.name == "cifar10":
+        train_set, val_set = _cifar10(cfg, train_tf, val_tf)
+    else:
+        train_set, val_set = _imagefolder(cfg, train_tf, val_tf)
+    return train_set, val_set, len(train_set.classes)
+
+
+def _cifar10(cfg, train_tf, val_tf):
+    try:
+        train_set = datasets.CIFAR10(cfg.root, train=True, transform=train_tf, download=cfg.download)
+        val_set = datasets.CIFAR10(cfg.root, train=False, transform=val_tf, download=cfg.download)
+    except (OSError, RuntimeError) as err:  # URLError is an OSError; "not found" is a RuntimeError
+        raise ConfigError(
+            f"data.name=cifar10: CIFAR-10 is not in data.root={cfg.root!r} and could not be downloaded "
+            f"({err}); download it on a machine with internet or point data.root at cifar-10-batches-py's parent"
+        ) from None
+    return train_set, val_set
+
+
+def _imagefolder(cfg, train_tf, val_tf):
+    root = Path(cfg.root)
+    try:
+        train_set = datasets.ImageFolder(str(root / "train"), transform=train_tf)
+        val_set = datasets.ImageFolder(str(root / "val"), transform=val_tf)
+    except (FileNotFoundError, OSError) as err:
+        raise ConfigError(f"data.root={cfg.root!r}: {err}") from None
+    if train_set.classes != val_set.classes:
+        raise ConfigError(
+            f"data.root={cfg.root!r}: train/ and val/ hold different class folders "
+            f"({train_set.classes} vs {val_set.classes})"
+        )
+    return train_set, val_set
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler (shuffled by seed and epoch) that can start part-way into an epoch."""
+
+    def __init__(self, dataset, num_replicas=1, rank=0, seed=0):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.start = 0
+
+    def set_position(self, epoch: int, samples_done: int) -> None:
+        """Order of this epoch, skipping the samples this process already took."""
+        self.set_epoch(epoch)
+        self.start = samples_done
+
+    def __iter__(self):
+        return iter(list(super().__iter__())[self.start :])
+
+    def __len__(self):
+        return self.num_samples - self.start
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seed python and numpy in each DataLoader worker from the seed torch gave it."""
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def _loader_options(cfg: DataConfig, pin_memory: bool) -> dict:
+    return dict(
+        batch_size=cfg.batch_size,
+        num_workers=cfg.num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=cfg.num_workers > 0,
+        worker_init_fn=seed_worker,
+    )
+
+
+def build_train_loader(cfg: DataConfig, train_set, *, seed, rank=0, world_size=1, pin_memory=False) -> DataLoader:
+    """Shuffled by (seed, epoch), split across processes, resumable mid-epoch, seeded workers."""
+    sampler = ResumableSampler(train_set, num_replicas=world_size, rank=rank, seed=seed)
+    if len(sampler) < cfg.batch_size:
+        raise ConfigError(
+            f"data.batch_size={cfg.batch_size} is larger than the {len(sampler)} training samples each "
+            f"of the {world_size} process(es) gets; lower data.batch_size"
+        )
+    generator = torch.Generator().manual_seed(seed + rank)  # worker seeds, drawn per epoch
+    return DataLoader(
+        train_set, sampler=sampler, drop_last=True, generator=generator, **_loader_options(cfg, pin_memory)
+    )
+
+
+def build_val_loader(cfg: DataConfig, val_set, *, rank=0, world_size=1, pin_memory=False) -> DataLoader:
+    """Never shuffled; process r takes samples r, r+W, r+2W, ... so each is counted exactly once."""
+    shard = Subset(val_set, range(rank, len(val_set), world_size))
+    return DataLoader(shard, shuffle=False, drop_last=False, **_loader_options(cfg, pin_memory))

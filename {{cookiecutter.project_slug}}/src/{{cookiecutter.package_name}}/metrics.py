@@ -1,0 +1,125 @@
+"""Metrics: sample-weighted means, metrics.jsonl, and the optional wandb / tensorboard tracker."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from .config import ConfigError, TrackerConfig
+
+
+class SampleMean:
+    """Mean of per-sample values fed batch by batch: sum(batch_mean * n) / sum(n).
+
+    The sum stays on the tensor's device; reading .mean syncs with the host, so read it only
+    when logging (a .item() per step would stall the GPU every step).
+    """
+
+    def __init__(self):
+        self.total = 0.0
+        self.count = 0
+
+    def update(self, batch_mean: torch.Tensor | float, n: int) -> None:
+        self.total = (
+            self.total + batch_mean.detach() * n if torch.is_tensor(batch_mean) else self.total + batch_mean * n
+        )
+        self.count += n
+
+    @property
+    def mean(self) -> float:
+        total = self.total.item() if torch.is_tensor(self.total) else self.total
+        return total / self.count if self.count else math.nan
+
+    def reset(self) -> None:
+        self.total, self.count = 0.0, 0
+
+
+class MetricsLogger:
+    """Appends one JSON object per call to output_dir/metrics.jsonl and forwards it to the tracker.
+
+    Create it on rank 0 only (enabled=False elsewhere makes every call a no-op).
+    """
+
+    def __init__(self, output_dir: Path, tracker: TrackerConfig, config: dict, enabled: bool = True):
+        self.enabled = enabled
+        self.tracker = None
+        if not enabled:
+            return
+        output_dir = Path(output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self.file = open(output_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        if tracker.name == "tensorboard":
+            self.tracker = _TensorBoard(output_dir / "tensorboard")
+        elif tracker.name == "wandb":
+            self.tracker = _Wandb(output_dir, tracker, config)
+
+    def log(self, metrics: dict, step: int, epoch: int) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, "epoch": epoch, **metrics}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.tracker is not None:
+            self.tracker.log(metrics, step)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self.file.close()
+        if self.tracker is not None:
+            self.tracker.close()
+
+
+def read_metrics(output_dir: Path) -> list[dict]:
+    """All records of output_dir/metrics.jsonl."""
+    lines = (Path(output_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+class _TensorBoard:
+    def __init__(self, log_dir: Path):
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ConfigError(
+                "tracker.name=tensorboard needs the tensorboard package: pip install tensorboard"
+            ) from None
+        self.writer = SummaryWriter(str(log_dir))
+
+    def log(self, metrics: dict, step: int) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _Wandb:
+    """wandb run; the API key comes from the environment or netrc, never from the config."""
+
+    def __init__(self, output_dir: Path, cfg: TrackerConfig, config: dict):
+        try:
+            import wandb
+        except ImportError:
+            raise ConfigError("tracker.name=wandb needs the wandb package: pip install wandb") from None
+        id_file = output_dir / "wandb_run_id"  # a resumed run continues the same wandb run
+        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        id_file.write_text(run_id)
+        self.run = wandb.init(
+            project=cfg.project or __package__,
+            name=cfg.run_name or output_dir.name,
+            id=run_id,
+            resume="allow",
+            dir=str(output_dir),
+            config=config,
+        )
+
+    def log(self, metrics: dict, step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()

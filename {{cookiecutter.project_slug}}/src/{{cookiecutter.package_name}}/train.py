@@ -1,0 +1,318 @@
+"""Train (and resume) an image classifier. One process is world size 1 of the same code.
+
+    python -m PACKAGE.train                                        # one CPU or GPU, synthetic data
+    python -m PACKAGE.train --config configs/default.yaml trainer.max_epochs=10 data.batch_size=64
+    torchrun --nproc_per_node=4 -m PACKAGE.train --config configs/default.yaml
+    accelerate launch --num_processes 4 -m PACKAGE.train --config configs/default.yaml
+    torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 \\
+        -m PACKAGE.train --config configs/default.yaml          # on each node (and from SLURM)
+
+Resume: run the same command again; trainer.resume=auto continues from the newest valid
+checkpoint in run.output_dir. `python -m PACKAGE.train --help` lists every key.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from . import distributed
+from .checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    save_weights,
+    set_rng_state,
+)
+from .config import Config, ConfigError, OptimConfig, load_config, parse_args, to_dict, to_yaml
+from .data import build_datasets, build_train_loader, build_val_loader
+from .evaluate import autocast, evaluate_model, load_model_weights
+from .metrics import MetricsLogger, SampleMean
+from .model import build_model, classification_loss, train_mode
+
+log = logging.getLogger(__package__)
+
+
+class Diverged(RuntimeError):
+    """The loss became NaN or infinite; nothing non-finite is ever checkpointed."""
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # epochs completed
+    batches_done: int = 0  # micro-batches this process consumed in the current epoch
+    best_acc: float = -1.0
+    best_step: int = -1
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed python, numpy and torch (all devices); optionally only deterministic kernels."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it to be deterministic
+        torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True)
+    else:
+        torch.backends.cudnn.benchmark = True  # fastest conv algorithms for fixed image sizes
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over trainable parameters only; biases and norm weights get no weight decay."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim > 1], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr)
+
+
+def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Learning-rate multiplier: linear warmup to 1, then cosine decay to min_ratio at total."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def resume_state(cfg: Config, checkpoints: Path) -> tuple[Path, dict] | None:
+    """The checkpoint to continue from: trainer.resume=auto takes the newest valid one."""
+    if cfg.trainer.resume == "never":
+        return None
+    if cfg.trainer.resume != "auto":
+        return Path(cfg.trainer.resume), load_checkpoint(Path(cfg.trainer.resume))
+    found = latest_checkpoint(checkpoints)
+    if found is None and list_checkpoints(checkpoints):
+        raise CheckpointError(
+            f"{checkpoints}: checkpoints exist but none loads; refusing to restart from step 0 "
+            "(move them away or set trainer.resume=never)"
+        )
+    return found
+
+
+def check_finite(loss: float, step: int, precision: str) -> None:
+    """Stop with the usual remedies when the loss is NaN or infinite."""
+    if not math.isfinite(loss):
+        hint = "use bf16 instead of fp16, " if precision == "fp16" else ""
+        raise Diverged(
+            f"train/loss is {loss} at step {step}; {hint}lower optim.lr, keep trainer.grad_clip on, "
+            "or check the input data"
+        )
+
+
+def train(cfg: Config) -> dict:
+    """Train as configured and return the final validation metrics."""
+    env = distributed.setup(cfg)
+    try:
+        return fit(cfg, env)
+    finally:
+        distributed.teardown()
+
+
+def fit(cfg: Config, env: distributed.DistEnv) -> dict:
+    output_dir, tcfg = Path(cfg.run.output_dir), cfg.trainer
+    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING, format="%(asctime)s %(message)s")
+    seed_everything(cfg.run.seed + env.rank, cfg.run.deterministic)  # each rank augments differently
+
+    # Data: each process gets its own slice; the global batch is batch_size x world_size x accum.
+    train_set, val_set, num_classes = build_datasets(cfg.data)
+    on_cuda = env.device.type == "cuda"
+    shard = dict(rank=env.rank, world_size=env.world_size, pin_memory=on_cuda)
+    train_loader = build_train_loader(cfg.data, train_set, seed=cfg.run.seed, **shard)
+    val_loader = build_val_loader(cfg.data, val_set, **shard)
+    accum = tcfg.grad_accum_steps
+    steps_per_epoch = len(train_loader) // accum  # leftover micro-batches of an epoch are skipped
+    if steps_per_epoch == 0:
+        raise ConfigError(f"trainer.grad_accum_steps={accum} exceeds the {len(train_loader)} batches of an epoch")
+    total_steps = min(steps_per_epoch * tcfg.max_epochs, tcfg.max_steps or math.inf)
+
+    # Model on its device first, then the wrappers, then the optimizer over its parameters.
+    memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
+    model = build_model(cfg.model, num_classes).to(env.device, memory_format=memory_format)
+    model = distributed.wrap_model(model, cfg, env)
+    if cfg.model.compile:
+        model = torch.compile(model)
+    optimizer = build_optimizer(model, cfg.optim)
+    schedule = partial(
+        warmup_cosine, warmup=cfg.optim.warmup_steps, total=total_steps, min_ratio=cfg.optim.min_lr_ratio
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    scaler = torch.amp.GradScaler(env.device.type, enabled=tcfg.precision == "fp16")  # fp16 only
+    progress = Progress()
+
+    def training_state() -> dict:
+        return {
+            "model": distributed.unwrap(model).state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict(),
+            "progress": progress.state_dict(),
+            "rng": rng_state(),
+            "loader_generator": train_loader.generator.get_state(),
+            "config": to_dict(cfg),
+        }
+
+    def save() -> None:
+        if env.is_main:
+            save_checkpoint(output_dir / "checkpoints", training_state(), progress.step, tcfg.keep_last)
+        distributed.barrier()
+
+    found = resume_state(cfg, output_dir / "checkpoints")
+    if found:
+        path, state = found
+        load_model_weights(distributed.unwrap(model), state["model"], path)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        progress.load_state_dict(state["progress"])
+        set_rng_state(state["rng"])
+        train_loader.generator.set_state(state["loader_generator"])
+        log.info("resumed from %s at step %d, epoch %d", path, progress.step, progress.epoch)
+
+    if env.is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.yaml").write_text(to_yaml(cfg))
+    logger = MetricsLogger(output_dir, cfg.tracker, to_dict(cfg), enabled=env.is_main)
+    running = SampleMean()
+    val: dict = {}
+    started, samples = time.perf_counter(), 0
+    show_bar = env.is_main and sys.stderr.isatty()
+    try:
+        while progress.epoch < tcfg.max_epochs and progress.step < total_steps:
+            train_mode(model)
+            train_loader.sampler.set_position(progress.epoch, progress.batches_done * cfg.data.batch_size)
+            batches = itertools.islice(train_loader, steps_per_epoch * accum - progress.batches_done)
+            bar = tqdm(
+                batches,
+                total=steps_per_epoch * accum - progress.batches_done,
+                disable=not show_bar,
+                desc=f"epoch {progress.epoch}",
+                leave=False,
+            )
+            for images, targets in bar:
+                images = images.to(env.device, non_blocking=True, memory_format=memory_format)
+                targets = targets.to(env.device, non_blocking=True)  # the whole batch moves, not just inputs
+                if progress.batches_done % accum == 0:
+                    optimizer.zero_grad(set_to_none=True)
+                with autocast(env.device, tcfg.precision):
+                    logits = model(images)
+                    loss = classification_loss(logits, targets)
+                scaler.scale(loss / accum).backward()
+                running.update(loss, len(targets))  # stays on the device: no host sync per step
+                samples += len(targets)
+                progress.batches_done += 1
+                if progress.batches_done % accum:
+                    continue  # more micro-batches before this optimizer step
+                if tcfg.grad_clip > 0:
+                    scaler.unscale_(optimizer)
+                    nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
+                scheduler.step()  # per optimizer step, not per micro-batch
+                progress.step += 1
+
+                if progress.step % tcfg.log_every == 0:
+                    train_loss = running.mean
+                    check_finite(train_loss, progress.step, tcfg.precision)
+                    elapsed = time.perf_counter() - started
+                    logger.log(
+                        {
+                            "train/loss": train_loss,
+                            "train/lr": scheduler.get_last_lr()[0],
+                            "perf/samples_per_s": samples * env.world_size / elapsed,
+                        },
+                        progress.step,
+                        progress.epoch,
+                    )
+                    bar.set_postfix(loss=f"{train_loss:.4f}")
+                    running.reset()
+                    started, samples = time.perf_counter(), 0
+                if progress.step % tcfg.checkpoint_every == 0:
+                    check_finite(running.mean if running.count else 0.0, progress.step, tcfg.precision)
+                    save()
+                if progress.step >= total_steps:
+                    break
+            bar.close()
+            if progress.batches_done >= steps_per_epoch * accum:
+                progress.epoch, progress.batches_done = progress.epoch + 1, 0
+
+            val = evaluate_model(model, val_loader, env.device, tcfg.precision)
+            if val["val/acc"] > progress.best_acc:
+                progress.best_acc, progress.best_step = val["val/acc"], progress.step
+                if env.is_main:
+                    save_weights(distributed.unwrap(model).state_dict(), output_dir / "best.safetensors")
+            logger.log({**val, "val/best_acc": progress.best_acc}, progress.step, progress.epoch)
+            log.info(
+                "epoch %d step %d: val/loss %.4f val/acc %.4f (%d samples)",
+                progress.epoch,
+                progress.step,
+                val["val/loss"],
+                val["val/acc"],
+                val["val/samples"],
+            )
+            check_finite(val["val/loss"], progress.step, tcfg.precision)
+            save()
+        if not val:  # resumed a finished run: report its metrics again
+            val = evaluate_model(model, val_loader, env.device, tcfg.precision)
+    finally:
+        logger.close()
+    return {**val, "val/best_acc": progress.best_acc, "step": progress.step, "epoch": progress.epoch}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        files, overrides = parse_args(argv, f"{__package__}.train")
+        cfg = load_config(files, overrides)
+        result = train(cfg)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except Diverged as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except torch.OutOfMemoryError:
+        print(
+            "error: CUDA out of memory; lower data.batch_size and raise trainer.grad_accum_steps "
+            "by the same factor (same global batch)",
+            file=sys.stderr,
+        )
+        return 1
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(
+            f"final val/acc={result['val/acc']:.4f} val/loss={result['val/loss']:.4f} "
+            f"(best val/acc={result['val/best_acc']:.4f}) after {result['step']} steps; "
+            f"outputs in {cfg.run.output_dir}/ (metrics.jsonl, config.yaml, checkpoints/, best.safetensors)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

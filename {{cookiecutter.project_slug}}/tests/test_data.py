@@ -1,0 +1,135 @@
+"""Data: deterministic synthetic images, seeded loaders, unshuffled validation, imagefolder."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from {{ cookiecutter.package_name }}.config import ConfigError, DataConfig, load_config
+from {{ cookiecutter.package_name }}.data import (
+    ResumableSampler,
+    SyntheticImages,
+    build_datasets,
+    build_train_loader,
+    build_val_loader,
+)
+
+
+def small(**changes) -> DataConfig:
+    return DataConfig(**{"image_size": 16, "train_size": 96, "val_size": 41, "batch_size": 16,
+                         "num_workers": 0, **changes})  # fmt: skip
+
+
+def test_synthetic_data_is_deterministic_and_splits_differ():
+    """The same split always gives the same images; train and val hold different samples."""
+    a, b = SyntheticImages(64, split="train"), SyntheticImages(64, split="train")
+    assert torch.equal(a.images, b.images) and torch.equal(a.targets, b.targets)
+    assert not torch.equal(a.images, SyntheticImages(64, split="val").images)
+    assert a.images.dtype == torch.uint8 and a.images.shape == (64, 3, 32, 32)
+
+
+def test_synthetic_classes_are_separable():
+    """Each class has its own mean image, so the default run has something to learn."""
+    data = SyntheticImages(2000, num_classes=10)
+    means = torch.stack([data.images[data.targets == c].float().mean(0) for c in range(10)])
+    distances = torch.cdist(means.flatten(1), means.flatten(1))
+    assert distances[~torch.eye(10, dtype=torch.bool)].min() > 100  # in uint8 pixel units, summed
+
+
+def test_validation_loader_never_shuffles():
+    """Two passes over the validation loader see the samples in dataset order."""
+    _, val_set, _ = build_datasets(small())
+    loader = build_val_loader(small(), val_set)
+    first = torch.cat([t for _, t in loader])
+    assert torch.equal(first, torch.cat([t for _, t in loader]))
+    assert torch.equal(first, val_set.targets)
+
+
+def test_validation_shards_cover_every_sample_once():
+    """Split over 3 processes, the validation shards hold each sample exactly once (no padding)."""
+    _, val_set, _ = build_datasets(small())
+    seen = [i for rank in range(3) for i in build_val_loader(small(), val_set, rank=rank, world_size=3).dataset.indices]
+    assert sorted(seen) == list(range(len(val_set)))
+
+
+def test_training_order_depends_on_seed_and_epoch_only():
+    """Same seed and epoch give the same batches (augmentation included); a new epoch reshuffles."""
+
+    def first_batch(epoch: int, seed: int = 0):
+        torch.manual_seed(0)
+        train_set, _, _ = build_datasets(small())
+        loader = build_train_loader(small(), train_set, seed=seed)
+        loader.sampler.set_position(epoch, 0)
+        return next(iter(loader))
+
+    x0, y0 = first_batch(0)
+    x1, y1 = first_batch(0)
+    assert torch.equal(x0, x1) and torch.equal(y0, y1)
+    assert not torch.equal(y0, first_batch(1)[1])
+    assert not torch.equal(y0, first_batch(0, seed=1)[1])
+
+
+def test_sampler_resumes_mid_epoch():
+    """Starting part-way into an epoch yields exactly the rest of that epoch's order."""
+    full = ResumableSampler(range(50), seed=3)
+    full.set_position(2, 0)
+    part = ResumableSampler(range(50), seed=3)
+    part.set_position(2, 20)
+    assert list(part) == list(full)[20:] and len(part) == 30
+
+
+
+def test_workers_are_seeded_differently_and_reproducibly():
+    """Each DataLoader worker gets its own numpy seed, the same on every run with the same seed."""
+
+    class Draws(torch.utils.data.Dataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, i):
+            return np.random.randint(1 << 30)
+
+    def draws():
+        loader = build_train_loader(small(batch_size=1, num_workers=2), Draws(), seed=0)
+        loader.sampler.set_position(0, 0)
+        return [int(x) for x in loader]
+
+    first = draws()
+    assert first == draws()
+    assert len(set(first)) == len(first)
+
+
+def _write_imagefolder(root, per_class=(12, 5)):
+    """Two visually different classes as real PNG files: dark and bright noisy squares."""
+    rng = np.random.default_rng(0)
+    for split, count in zip(("train", "val"), per_class, strict=True):
+        for label, base in (("dark", 60), ("bright", 190)):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(count):
+                pixels = np.clip(base + rng.normal(0, 25, (24, 20, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+
+
+def test_imagefolder_reads_train_and_val(tmp_path):
+    """imagefolder takes classes from the folders and resizes to data.image_size."""
+    _write_imagefolder(tmp_path)
+    cfg = small(name="imagefolder", root=str(tmp_path))
+    train_set, val_set, num_classes = build_datasets(cfg)
+    assert (len(train_set), len(val_set), num_classes) == (24, 10, 2)
+    assert val_set[0][0].shape == (3, 16, 16)
+
+
+def test_imagefolder_class_mismatch_is_refused(tmp_path):
+    """train/ and val/ with different class folders is a configuration error."""
+    _write_imagefolder(tmp_path)
+    (tmp_path / "val" / "bright").rename(tmp_path / "val" / "other")
+    with pytest.raises(ConfigError, match="different class folders"):
+        build_datasets(small(name="imagefolder", root=str(tmp_path)))
+
+
+def test_cifar10_missing_offline_is_a_clear_error(tmp_path):
+    """cifar10 without the files (and without download) names data.root instead of a traceback."""
+    cfg = load_config([], ["data.name=cifar10", f"data.root={tmp_path}", "data.download=false"])
+    with pytest.raises(ConfigError, match="CIFAR-10 is not in data.root"):
+        build_datasets(cfg.data)

@@ -1,0 +1,45 @@
+"""Export: clean safetensors weights and a torch.export program that runs without this code."""
+
+import torch
+from safetensors.torch import load_file
+
+from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint
+from {{ cookiecutter.package_name }}.config import ModelConfig
+from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
+from {{ cookiecutter.package_name }}.export import main as export_main
+from {{ cookiecutter.package_name }}.model import build_model
+from {{ cookiecutter.package_name }}.train import main as train_main
+
+
+def test_evaluate_and_export_a_trained_run(tiny, run_dir, capsys):
+    """evaluate reports every validation sample; export writes weights and a program with the same outputs."""
+    assert train_main([*tiny, "trainer.max_steps=3"]) == 0
+    assert evaluate_main([f"run.output_dir={run_dir}", "data.num_workers=0"]) == 0
+    assert '"val/samples": 101' in capsys.readouterr().out
+    assert export_main([f"run.output_dir={run_dir}"]) == 0
+
+    weights = load_file(str(run_dir / "export" / "model.safetensors"))
+    assert not any(k.startswith(("module.", "_orig_mod.")) for k in weights)
+    model = build_model(ModelConfig(), num_classes=10).eval()
+    model.load_state_dict(weights)
+    program = torch.export.load(str(run_dir / "export" / "model.pt2")).module()
+    images = torch.randn(5, 3, 16, 16)  # a batch size other than the one traced
+    with torch.no_grad():
+        assert torch.allclose(program(images), model(images), atol=1e-5)
+
+
+def test_export_cleans_prefixes_from_a_wrapped_checkpoint(tiny, run_dir):
+    """A checkpoint written from a DDP-and-compiled model exports plain key names."""
+    assert train_main([*tiny, "trainer.max_steps=1"]) == 0
+    path, state = latest_checkpoint(run_dir / "checkpoints")
+    state["model"] = {f"_orig_mod.module.{k}": v for k, v in state["model"].items()}
+    torch.save(state, path)
+    assert export_main(["--checkpoint", str(path)]) == 0
+    weights = load_file(str(run_dir / "export" / "model.safetensors"))
+    assert "conv1.weight" in weights and not any(k.startswith(("module.", "_orig_mod.")) for k in weights)
+
+
+def test_evaluate_without_checkpoint_is_a_clear_error(tmp_path, capsys):
+    """Evaluating a directory with no checkpoint exits 2 and says what to do."""
+    assert evaluate_main([f"run.output_dir={tmp_path}"]) == 2
+    assert "holds no usable checkpoint" in capsys.readouterr().err

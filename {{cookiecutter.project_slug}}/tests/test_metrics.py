@@ -1,0 +1,85 @@
+"""Metric arithmetic: sample-weighted means and exact validation counts with an uneven last batch."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from {{ cookiecutter.package_name }}.config import TrackerConfig
+from {{ cookiecutter.package_name }}.evaluate import evaluate_model
+from {{ cookiecutter.package_name }}.metrics import MetricsLogger, SampleMean, read_metrics
+
+
+def test_sample_mean_weights_a_short_last_batch_by_its_size():
+    """Batches of 4, 4 and 1 average to the mean over the 9 samples, not over the 3 batches."""
+    values = torch.arange(9, dtype=torch.float32)
+    mean = SampleMean()
+    for batch in values.split(4):
+        mean.update(batch.mean(), len(batch))
+    assert mean.count == 9
+    assert mean.mean == pytest.approx(values.mean().item())
+    per_batch = torch.stack([b.mean() for b in values.split(4)]).mean().item()
+    assert per_batch != pytest.approx(mean.mean)  # the naive average is wrong here
+
+
+class FixedPredictions(nn.Module):
+    """Predicts class 0 for even feature values, class 1 otherwise; has dropout to catch train mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.dropout = nn.Dropout(p=0.9)
+        self.bias = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        odd = x[:, 0] % 2
+        logits = torch.stack([1 - odd, odd], dim=1) * 4.0 + self.bias
+        return self.dropout(logits)
+
+
+def test_evaluation_counts_every_sample_and_divides_by_samples():
+    """101 samples in batches of 32: accuracy = correct / 101 and val/samples = 101, in eval mode."""
+    x = torch.arange(101, dtype=torch.float32)[:, None]
+    y = torch.zeros(101, dtype=torch.long)
+    y[:30] = (x[:30, 0] % 2).long()  # the first 30 labels match the prediction, the rest are 0
+    loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=False)
+    model = FixedPredictions().train()
+    metrics = evaluate_model(model, loader, torch.device("cpu"))
+    expected_correct = 30 + int(((x[30:, 0] % 2) == 0).sum())
+    assert metrics["val/samples"] == 101
+    assert metrics["val/acc"] == pytest.approx(expected_correct / 101)
+    logits = FixedPredictions().eval()(x)
+    assert metrics["val/loss"] == pytest.approx(nn.functional.cross_entropy(logits, y).item())
+    assert not model.training
+
+
+def test_evaluation_builds_no_graph():
+    """Validation runs under no_grad: no tensor it produces requires grad."""
+    seen = []
+    model = nn.Linear(1, 2)
+    model.register_forward_hook(lambda m, i, out: seen.append(out.requires_grad))
+    loader = DataLoader(TensorDataset(torch.randn(5, 1), torch.zeros(5, dtype=torch.long)), batch_size=2)
+    evaluate_model(model, loader, torch.device("cpu"))
+    assert seen and not any(seen)
+
+
+def test_metrics_logger_appends_json_lines(tmp_path):
+    """Every record is one JSON line with step and epoch; a second logger appends (resume)."""
+    for step in (1, 2):
+        logger = MetricsLogger(tmp_path, TrackerConfig(name="none"), {})
+        logger.log({"train/loss": 0.5}, step=step, epoch=0)
+        logger.close()
+    assert read_metrics(tmp_path) == [
+        {"step": 1, "epoch": 0, "train/loss": 0.5},
+        {"step": 2, "epoch": 0, "train/loss": 0.5},
+    ]
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1
+
+
+def test_disabled_logger_writes_nothing(tmp_path):
+    """Ranks other than 0 get a disabled logger that touches no file."""
+    logger = MetricsLogger(tmp_path / "other", TrackerConfig(name="none"), {}, enabled=False)
+    logger.log({"train/loss": 1.0}, step=1, epoch=0)
+    logger.close()
+    assert not (tmp_path / "other").exists()

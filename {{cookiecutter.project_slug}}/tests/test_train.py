@@ -1,0 +1,94 @@
+"""Training end to end on CPU: the loss falls, resume continues exactly, accumulation is exact."""
+
+import pytest
+import torch
+from conftest import final_weights
+
+from {{ cookiecutter.package_name }} import train as train_module
+from {{ cookiecutter.package_name }}.checkpoint import list_checkpoints
+from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.metrics import read_metrics
+from {{ cookiecutter.package_name }}.train import main, train
+
+
+def test_smoke_run_learns_and_writes_its_outputs(tiny, run_dir, capsys):
+    """Two epochs on CPU: train/loss falls, validation counts all 101 samples, outputs are written."""
+    assert main([*tiny, "trainer.max_epochs=2"]) == 0
+    records = read_metrics(run_dir)
+    losses = [r["train/loss"] for r in records if "train/loss" in r]
+    assert len(losses) == 8 and sum(losses[-2:]) < sum(losses[:2])
+    vals = [r for r in records if "val/acc" in r]
+    assert [r["val/samples"] for r in vals] == [101, 101]
+    assert all(k in records[0] for k in ("step", "epoch", "perf/samples_per_s"))
+    assert load_config([run_dir / "config.yaml"]).trainer.max_epochs == 2  # the resolved config
+    assert (run_dir / "best.safetensors").exists() and list_checkpoints(run_dir / "checkpoints")
+    assert "final val/acc=" in capsys.readouterr().out
+
+
+def test_resume_after_a_crash_matches_an_uninterrupted_run(tiny, tmp_path, monkeypatch):
+    """Killed after step 5 and resumed from the step-4 checkpoint, training ends with identical weights."""
+    common = [*tiny, "trainer.checkpoint_every=4", "trainer.max_epochs=2", "data.augment=true"]
+    assert main([*common, f"run.output_dir={tmp_path / 'straight'}"]) == 0
+
+    crashed = tmp_path / "crashed"
+    real_log = train_module.MetricsLogger.log
+
+    def crash_at_step_6(self, metrics, step, epoch):
+        if step >= 6:
+            raise KeyboardInterrupt("simulated kill")
+        real_log(self, metrics, step, epoch)
+
+    monkeypatch.setattr(train_module.MetricsLogger, "log", crash_at_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        main([*common, f"run.output_dir={crashed}"])
+    assert list_checkpoints(crashed / "checkpoints")[-1].name == "step_00000004.pt"
+    monkeypatch.setattr(train_module.MetricsLogger, "log", real_log)
+    assert main([*common, f"run.output_dir={crashed}"]) == 0
+
+    straight, resumed = final_weights(tmp_path / "straight"), final_weights(crashed)
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    steps = [r["step"] for r in read_metrics(crashed) if "train/loss" in r]
+    assert steps == [2, 4, 6, 8, 10, 12, 14, 16]  # continued from step 4: 2 and 4 logged once, not again
+
+
+def test_gradient_accumulation_equals_the_large_batch(tiny, tmp_path):
+    """2 micro-batches of 16 give the same weights as 1 batch of 32 (GroupNorm, fp32, no augmentation)."""
+    exact = [*tiny, "model.norm=group", "data.augment=false", "trainer.max_steps=3"]
+    assert main([*exact, "data.batch_size=32", f"run.output_dir={tmp_path / 'big'}"]) == 0
+    assert main([*exact, "data.batch_size=16", "trainer.grad_accum_steps=2", f"run.output_dir={tmp_path / 'acc'}"]) == 0
+    assert main([*exact, "data.batch_size=16", f"run.output_dir={tmp_path / 'small'}"]) == 0
+    big, acc, small = (final_weights(tmp_path / name) for name in ("big", "acc", "small"))
+    assert max((big[k] - acc[k]).abs().max() for k in big) < 1e-4  # float rounding only
+    assert max((big[k] - small[k]).abs().max() for k in big) > 1e-3  # what a different batch gives
+    steps = [r["step"] for r in read_metrics(tmp_path / "acc") if "val/acc" in r]
+    assert steps == [3]  # the scheduler and max_steps count optimizer steps, not micro-batches
+
+
+def test_scheduler_warms_up_then_decays():
+    """The learning rate rises linearly during warmup and ends at min_lr_ratio of the peak."""
+    lrs = [train_module.warmup_cosine(s, warmup=4, total=20, min_ratio=0.1) for s in range(21)]
+    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert all(a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False)) and lrs[20] == pytest.approx(0.1)
+
+
+def test_bf16_autocast_on_cpu_trains_without_a_scaler(tiny, run_dir):
+    """bf16 runs under autocast with the gradient scaler disabled (it is for fp16 only)."""
+    cfg = load_config([], [*tiny, "trainer.precision=bf16", "trainer.max_steps=2"])
+    result = train(cfg)
+    assert result["val/samples"] == 101
+    _, state = train_module.latest_checkpoint(run_dir / "checkpoints")
+    assert state["scaler"] == {}  # a disabled GradScaler has no state
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_single_gpu_smoke(tiny, run_dir, precision):
+    """On one GPU, bf16 and fp16 (with GradScaler) train and validate every sample."""
+    overrides = [o for o in tiny if o != "run.device=cpu"] + ["run.device=cuda", f"trainer.precision={precision}"]
+    assert main([*overrides, "trainer.max_epochs=2"]) == 0
+    records = read_metrics(run_dir)
+    losses = [r["train/loss"] for r in records if "train/loss" in r]
+    assert losses[-1] < losses[0]
+    assert [r["val/samples"] for r in records if "val/samples" in r] == [101, 101]
+    _, state = train_module.latest_checkpoint(run_dir / "checkpoints")
+    assert bool(state["scaler"]) == (precision == "fp16")
