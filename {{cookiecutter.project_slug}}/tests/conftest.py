@@ -5,11 +5,11 @@ import torch
 
 from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint
 
-# 16x16 synthetic images, 8 steps per epoch, 101 validation samples (an uneven last batch).
+# 16x16 synthetic images, 6 steps per epoch, 101 validation samples (an uneven last batch).
 TINY = [
     "run.device=cpu",
     "data.image_size=16",
-    "data.train_size=256",
+    "data.train_size=192",
     "data.val_size=101",
     "data.batch_size=32",
     "data.num_workers=0",

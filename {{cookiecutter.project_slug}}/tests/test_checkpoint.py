@@ -30,9 +30,15 @@ def _state(step: int) -> dict:
     optimizer.step()
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
-    return {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(), "progress": {"step": step, "epoch": 0, "batches_done": 3},
-            "rng": rng_state(), "config": {"run": {"seed": 0}}}  # fmt: skip
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "progress": {"step": step, "epoch": 0, "batches_done": 3},
+        "rng": rng_state(),
+        "config": {"run": {"seed": 0}},
+    }
 
 
 def test_round_trip_keeps_the_complete_state(tmp_path):

@@ -66,8 +66,11 @@ def test_bad_yaml_files_are_refused(tmp_path):
     broken.write_text("data: [unclosed\n")
     unknown = tmp_path / "unknown.yaml"
     unknown.write_text("data:\n  batchsize: 3\n")
-    for path, expected in [(tmp_path / "missing.yaml", "no such file"), (broken, "not valid YAML"),
-                           (unknown, "did you mean data.batch_size?")]:  # fmt: skip
+    for path, expected in [
+        (tmp_path / "missing.yaml", "no such file"),
+        (broken, "not valid YAML"),
+        (unknown, "did you mean data.batch_size?"),
+    ]:
         with pytest.raises(ConfigError, match=expected):
             load_config([path])
 
@@ -81,8 +84,10 @@ def test_cli_exits_2_with_one_line_and_no_traceback():
     """The train command refuses a bad key with exit status 2 and a single stderr line."""
     result = subprocess.run(
         [sys.executable, "-m", "{{ cookiecutter.package_name }}.train", "data.batch_sz=3"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == ["error: data.batch_sz: unknown key; did you mean data.batch_size?"]
 

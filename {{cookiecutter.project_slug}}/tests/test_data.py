@@ -16,8 +16,9 @@ from {{ cookiecutter.package_name }}.data import (
 
 
 def small(**changes) -> DataConfig:
-    return DataConfig(**{"image_size": 16, "train_size": 96, "val_size": 41, "batch_size": 16,
-                         "num_workers": 0, **changes})  # fmt: skip
+    return DataConfig(
+        **{"image_size": 16, "train_size": 96, "val_size": 41, "batch_size": 16, "num_workers": 0, **changes}
+    )
 
 
 def test_synthetic_data_is_deterministic_and_splits_differ():
@@ -76,7 +77,6 @@ def test_sampler_resumes_mid_epoch():
     part = ResumableSampler(range(50), seed=3)
     part.set_position(2, 20)
     assert list(part) == list(full)[20:] and len(part) == 30
-
 
 
 def test_workers_are_seeded_differently_and_reproducibly():

@@ -83,3 +83,28 @@ def test_disabled_logger_writes_nothing(tmp_path):
     logger.log({"train/loss": 1.0}, step=1, epoch=0)
     logger.close()
     assert not (tmp_path / "other").exists()
+
+
+def test_tensorboard_tracker_writes_event_files(tmp_path):
+    """tracker.name=tensorboard writes event files beside metrics.jsonl."""
+    pytest.importorskip("tensorboard")
+    logger = MetricsLogger(tmp_path, TrackerConfig(name="tensorboard"), {})
+    logger.log({"train/loss": 0.5}, step=1, epoch=0)
+    logger.close()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+    assert read_metrics(tmp_path)[0]["train/loss"] == 0.5
+
+
+def test_wandb_tracker_offline_keeps_one_run_id(tmp_path, monkeypatch):
+    """tracker.name=wandb logs offline without an API key and a second start reuses the run id."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    ids = []
+    for step in (1, 2):
+        logger = MetricsLogger(tmp_path, TrackerConfig(name="wandb", project="tests"), {"optim": {"lr": 0.1}})
+        logger.log({"train/loss": 0.5}, step=step, epoch=0)
+        ids.append(logger.tracker.run.id)
+        logger.close()
+    assert ids[0] == ids[1] == (tmp_path / "wandb_run_id").read_text()
+    assert list((tmp_path / "wandb").glob("offline-run-*"))

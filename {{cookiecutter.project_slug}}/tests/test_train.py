@@ -2,8 +2,8 @@
 
 import pytest
 import torch
-from conftest import final_weights
 
+from conftest import final_weights
 from {{ cookiecutter.package_name }} import train as train_module
 from {{ cookiecutter.package_name }}.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.config import load_config
@@ -16,7 +16,7 @@ def test_smoke_run_learns_and_writes_its_outputs(tiny, run_dir, capsys):
     assert main([*tiny, "trainer.max_epochs=2"]) == 0
     records = read_metrics(run_dir)
     losses = [r["train/loss"] for r in records if "train/loss" in r]
-    assert len(losses) == 8 and sum(losses[-2:]) < sum(losses[:2])
+    assert len(losses) == 6 and sum(losses[-2:]) < sum(losses[:2])
     vals = [r for r in records if "val/acc" in r]
     assert [r["val/samples"] for r in vals] == [101, 101]
     assert all(k in records[0] for k in ("step", "epoch", "perf/samples_per_s"))
@@ -48,7 +48,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tiny, tmp_path, monke
     straight, resumed = final_weights(tmp_path / "straight"), final_weights(crashed)
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
     steps = [r["step"] for r in read_metrics(crashed) if "train/loss" in r]
-    assert steps == [2, 4, 6, 8, 10, 12, 14, 16]  # continued from step 4: 2 and 4 logged once, not again
+    assert steps == [2, 4, 6, 8, 10, 12]  # continued from step 4: 2 and 4 logged once, not again
 
 
 def test_gradient_accumulation_equals_the_large_batch(tiny, tmp_path):
@@ -92,3 +92,32 @@ def test_single_gpu_smoke(tiny, run_dir, precision):
     assert [r["val/samples"] for r in records if "val/samples" in r] == [101, 101]
     _, state = train_module.latest_checkpoint(run_dir / "checkpoints")
     assert bool(state["scaler"]) == (precision == "fp16")
+
+
+@pytest.mark.slow
+def test_imagefolder_of_png_files_trains_well(tmp_path, run_dir):
+    """A folder of real PNG files trains to high accuracy and counts every validation image once."""
+    from PIL import Image
+
+    from {{ cookiecutter.package_name }}.data import SyntheticImages
+
+    for split, size in (("train", 600), ("val", 97)):
+        data = SyntheticImages(size, num_classes=4, image_size=32, split=split)
+        for i, (image, label) in enumerate(zip(data.images, data.targets.tolist(), strict=True)):
+            folder = tmp_path / "images" / split / f"class_{label}"
+            folder.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(image.permute(1, 2, 0).numpy()).save(folder / f"{i}.png")
+    overrides = [
+        "run.device=cpu",
+        "data.name=imagefolder",
+        f"data.root={tmp_path / 'images'}",
+        "data.batch_size=32",
+        "trainer.max_epochs=6",
+        "data.num_workers=2",
+        "tracker.name=none",
+        f"run.output_dir={run_dir}",
+    ]
+    assert main(overrides) == 0
+    final = [r for r in read_metrics(run_dir) if "val/acc" in r][-1]
+    assert final["val/samples"] == 97
+    assert final["val/acc"] >= 0.9

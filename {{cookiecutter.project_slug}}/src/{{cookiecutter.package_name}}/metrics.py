@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 from pathlib import Path
 
 import torch
@@ -107,7 +108,7 @@ class _Wandb:
         except ImportError:
             raise ConfigError("tracker.name=wandb needs the wandb package: pip install wandb") from None
         id_file = output_dir / "wandb_run_id"  # a resumed run continues the same wandb run
-        run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(6)
         id_file.write_text(run_id)
         self.run = wandb.init(
             project=cfg.project or __package__,

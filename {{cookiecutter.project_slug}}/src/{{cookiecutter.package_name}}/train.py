@@ -85,13 +85,16 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW over trainable parameters only; biases and norm weights get no weight decay."""
+    """AdamW over trainable parameters only; biases and norm weights get no weight decay.
+
+    fused=True: one kernel for the whole update (CPU and CUDA), markedly faster than the loop.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.ndim > 1], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=cfg.lr)
+    return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:

@@ -1,0 +1,50 @@
+"""Prune the baked project down to the answers given.
+
+Cookiecutter renders this file with Jinja and runs it inside the new project. Optional files are
+shipped whole and removed here by small named functions, so the project's files stay plain.
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+# tojson escapes ' as \u0027, so no answer can close this raw string early; single quotes matter.
+CONTEXT = r'''{{ cookiecutter | tojson }}'''  # fmt: skip
+
+
+def install_license(license_name: str, root: Path = Path()) -> None:
+    """Move the chosen ``licenses/<license_name>`` text to ``LICENSE``."""
+    source = root / "licenses" / license_name
+    if not source.is_file():
+        choices = sorted(path.name for path in (root / "licenses").iterdir())
+        raise ValueError(f"license {license_name!r} is not one of {choices}.")
+    source.replace(root / "LICENSE")
+
+
+def remove_licenses_dir(root: Path = Path()) -> None:
+    """Delete the texts of the licenses that were not chosen."""
+    shutil.rmtree(root / "licenses")
+
+
+def remove_ci(root: Path = Path()) -> None:
+    """Delete the GitHub Actions workflow."""
+    shutil.rmtree(root / ".github")
+
+
+def main() -> int:
+    """Apply the answers to the baked project; print one ERROR line and return 1 on failure."""
+    answers = json.loads(CONTEXT)
+    try:
+        install_license(answers["license"])
+    except ValueError as error:
+        print(f"ERROR: {error}", file=sys.stderr)
+        return 1
+    remove_licenses_dir()
+    if answers["include_ci"] == "no":
+        remove_ci()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Shared helpers for the template tests: bake a project, list its files, load a hook."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Bytecode caches appear wherever Python imports a module; they are never template output.
+# Other tool caches (.ruff_cache, .pytest_cache) count: the checks here run with caching off.
+SKIPPED_DIRS = {"__pycache__"}
+
+
+@dataclass(frozen=True)
+class Baked:
+    """A baked project: where it is and the answers it was generated with."""
+
+    path: Path
+    context: dict
+
+    @property
+    def package(self) -> str:
+        """The importable package name."""
+        return self.context["package_name"]
+
+
+def bake(cookies, **context: str) -> Baked:
+    """Bake the template with `context` overriding the defaults; fail the test if the bake fails."""
+    result = cookies.bake(extra_context=context, template=str(ROOT))
+    assert result.exception is None, f"bake with {context} failed: {result.exception!r}"
+    assert result.exit_code == 0
+    return Baked(Path(result.project_path), dict(result.context))
+
+
+def project_files(root: Path) -> set[str]:
+    """Return every file under `root` as a relative POSIX path, skipping bytecode caches."""
+    files = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [name for name in dirnames if name not in SKIPPED_DIRS]
+        for name in filenames:
+            files.add((Path(dirpath) / name).relative_to(root).as_posix())
+    return files
+
+
+def load_hook(name: str) -> ModuleType:
+    """Import ``hooks/<name>.py`` unrendered, so its functions can be tested directly."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "hooks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_baked_tests(project: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run a baked project's own test suite with this interpreter, importing it from ``src/``."""
+    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=project,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="session")
+def pre_gen():
+    """The pre-generation hook module, imported unrendered."""
+    return load_hook("pre_gen_project")
+
+
+@pytest.fixture(scope="session")
+def post_gen():
+    """The post-generation hook module, imported unrendered."""
+    return load_hook("post_gen_project")

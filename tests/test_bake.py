@@ -1,0 +1,265 @@
+"""Every supported combination of answers bakes a complete, clean, lint-free project."""
+
+import json
+import re
+import subprocess
+import sys
+import warnings
+
+import pytest
+import yaml
+from conftest import ROOT, bake, project_files
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+# The exact files of a default bake (MIT, include_ci=yes). PKG stands for the package name.
+# include_ci=no drops .github/workflows/ci.yml; no bake keeps a licenses/ directory.
+EXPECTED_FILES = frozenset(
+    {
+        ".gitignore",
+        ".pre-commit-config.yaml",
+        ".github/workflows/ci.yml",
+        "LICENSE",
+        "README.md",
+        "pyproject.toml",
+        "configs/default.yaml",
+        "configs/smoke.yaml",
+        "src/PKG/__init__.py",
+        "src/PKG/config.py",
+        "src/PKG/data.py",
+        "src/PKG/model.py",
+        "src/PKG/checkpoint.py",
+        "src/PKG/metrics.py",
+        "src/PKG/distributed.py",
+        "src/PKG/train.py",
+        "src/PKG/evaluate.py",
+        "src/PKG/export.py",
+        "tests/conftest.py",
+        "tests/test_config.py",
+        "tests/test_data.py",
+        "tests/test_model.py",
+        "tests/test_metrics.py",
+        "tests/test_checkpoint.py",
+        "tests/test_train.py",
+        "tests/test_export.py",
+    }
+)
+CI_FILES = frozenset({".github/workflows/ci.yml"})
+
+# The SPDX expression pyproject.toml declares for each license answer (PEP 639).
+SPDX = {
+    "MIT": "MIT",
+    "Apache-2.0": "Apache-2.0",
+    "BSD-3-Clause": "BSD-3-Clause",
+    "proprietary": "LicenseRef-Proprietary",
+}
+# A phrase only the chosen LICENSE text contains.
+LICENSE_MARKERS = {
+    "MIT": "MIT License",
+    "Apache-2.0": "Apache License",
+    "BSD-3-Clause": "BSD 3-Clause License",
+    "proprietary": "All rights reserved",
+}
+
+# Jinja left unrendered: a {% tag %} or a one-line {{ expression }}. Bare "}}" is not searched
+# for, since nested dict literals end that way; GitHub Actions' ${{ ... }} is removed first.
+JINJA_LEFTOVER = re.compile(r"\{%|%\}|\{\{[^{}\n]*\}\}")
+GITHUB_EXPRESSION = re.compile(r"\$\{\{.*?\}\}")
+
+
+def expected_files(package: str, include_ci: str = "yes") -> set[str]:
+    """Return the exact file set a bake with these answers must produce."""
+    files = EXPECTED_FILES if include_ci == "yes" else EXPECTED_FILES - CI_FILES
+    return {path.replace("PKG", package) for path in files}
+
+
+def _combinations() -> list[dict[str, str]]:
+    """Return the answer combinations to bake: defaults, license x CI, each other choice value."""
+    questions = json.loads((ROOT / "cookiecutter.json").read_text(encoding="utf-8"))
+    choices = {name: values for name, values in questions.items() if isinstance(values, list)}
+    interacting = ("license", "include_ci")
+    combos = [{}]
+    combos += [
+        {"license": license_name, "include_ci": include_ci}
+        for license_name in choices["license"]
+        for include_ci in choices["include_ci"]
+    ]
+    combos += [
+        {name: value}
+        for name, values in choices.items()
+        if name not in interacting
+        for value in values
+    ]
+    return combos
+
+
+COMBINATIONS = _combinations()
+
+
+def _combo_id(context: dict[str, str]) -> str:
+    """Name a combination in test ids, e.g. ``license=MIT,include_ci=no``."""
+    return ",".join(f"{key}={value}" for key, value in context.items()) or "defaults"
+
+
+@pytest.fixture(scope="module", params=COMBINATIONS, ids=[_combo_id(c) for c in COMBINATIONS])
+def baked(request, cookies_session):
+    """A project baked once per combination and shared by the checks below."""
+    return bake(cookies_session, **request.param)
+
+
+def _text_files(baked):
+    """Yield (relative path, text) for every UTF-8 text file of the baked project."""
+    for relative in sorted(project_files(baked.path)):
+        try:
+            yield relative, (baked.path / relative).read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue  # binary: cookiecutter copies it unrendered, and the file-set test judges it
+
+
+def _ruff(baked, *args: str) -> subprocess.CompletedProcess:
+    """Run ruff in the baked project, so its own pyproject.toml configures it."""
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args, "--no-cache", "."],
+        cwd=baked.path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _pyproject(baked) -> dict:
+    """Return the baked project's [project] table."""
+    return tomllib.loads((baked.path / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+
+
+def assert_exact_files(baked) -> None:
+    """Fail unless the bake holds exactly the expected files, naming the missing and unexpected."""
+    expected = expected_files(baked.package, baked.context["include_ci"])
+    actual = project_files(baked.path)
+    missing, unexpected = sorted(expected - actual), sorted(actual - expected)
+    assert not missing and not unexpected, f"missing: {missing}; unexpected: {unexpected}"
+
+
+def assert_python_compiles(baked) -> None:
+    """Fail if a .py file does not compile or compiles with a warning (e.g. a bad escape)."""
+    for relative, text in _text_files(baked):
+        if relative.endswith(".py"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                compile(text, relative, "exec")
+
+
+def assert_ruff_clean(baked) -> None:
+    """Fail if `ruff check` reports anything in the baked project."""
+    completed = _ruff(baked, "check")
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_file_set_is_exact(baked):
+    """A bake writes exactly the expected files: nothing missing, nothing left over."""
+    assert_exact_files(baked)
+
+
+def test_no_jinja_left_unrendered(baked):
+    """No file or path of the baked project still contains Jinja markup."""
+    for relative, text in _text_files(baked):
+        assert not JINJA_LEFTOVER.search(relative), relative
+        leftover = JINJA_LEFTOVER.search(GITHUB_EXPRESSION.sub("", text))
+        assert leftover is None, (
+            f"{relative}: {text[leftover.start() - 40 : leftover.end() + 40]!r}"
+        )
+
+
+def test_python_files_compile_without_warnings(baked):
+    """Every .py file is valid Python, with no invalid escape sequences from rendered answers."""
+    assert_python_compiles(baked)
+
+
+def test_ruff_check_is_clean(baked):
+    """The baked project passes `ruff check` under its own configuration."""
+    assert_ruff_clean(baked)
+
+
+def test_ruff_format_is_clean(baked):
+    """The baked project is already formatted as `ruff format` would write it."""
+    completed = _ruff(baked, "format", "--check")
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+def test_pyproject_declares_name_license_and_python(baked):
+    """pyproject.toml parses and names the distribution, its license and lowest Python."""
+    project = _pyproject(baked)
+    assert project["name"] == baked.context["project_slug"]
+    assert project["license"] == SPDX[baked.context["license"]]
+    assert project["requires-python"] == f">={baked.context['python_version']}"
+
+
+def test_license_text_is_the_chosen_one(baked):
+    """LICENSE holds the chosen license's text, with the author filled in where it names one."""
+    text = (baked.path / "LICENSE").read_text(encoding="utf-8")
+    for license_name, marker in LICENSE_MARKERS.items():
+        assert (marker in text) == (license_name == baked.context["license"]), license_name
+    # The Apache-2.0 text is shipped verbatim; its copyright line is a placeholder by design.
+    if baked.context["license"] != "Apache-2.0":
+        assert baked.context["author"] in text
+
+
+def test_readme_leads_with_the_chosen_launcher(baked):
+    """README names the project and shows the chosen launcher first, while documenting both."""
+    readme = (baked.path / "README.md").read_text(encoding="utf-8")
+    assert baked.context["project_name"] in readme
+    positions = {
+        "torchrun": readme.find("torchrun"),
+        "accelerate": readme.find("accelerate launch"),
+    }
+    assert min(positions.values()) >= 0, positions
+    assert positions[baked.context["launcher"]] == min(positions.values()), positions
+
+
+def test_ci_workflow_is_valid_yaml(baked):
+    """When CI is included, the workflow is a YAML mapping with jobs."""
+    workflow = baked.path / ".github" / "workflows" / "ci.yml"
+    if baked.context["include_ci"] == "no":
+        assert not workflow.exists()
+        return
+    assert "jobs" in yaml.safe_load(workflow.read_text(encoding="utf-8"))
+
+
+# Refused awkward names ("2nd Trainer", "!!!", "Import") are covered in test_hooks.py.
+AWKWARD = [
+    pytest.param(
+        {
+            "project_name": 'Zoë\'s "Quoted" \\ Trainer',
+            "author": 'Renée O\'Brien "RB"',
+            "description": 'Says "hi" \\ and <b>bye</b> & leaves',
+        },
+        "zoe-s-quoted-trainer",
+        id="quotes-backslash",
+    ),
+    pytest.param({"project_name": "Café Über-Net"}, "cafe-uber-net", id="accents"),
+    pytest.param({"project_name": "日本 Trainer 2"}, "ri-ben-trainer-2", id="cjk"),
+]
+
+
+@pytest.mark.parametrize(("context", "slug"), AWKWARD)
+def test_awkward_answers_bake_valid_projects(cookies, context, slug):
+    """Quotes, backslashes and non-ASCII answers still give valid TOML, Python and README."""
+    baked = bake(cookies, **context)
+    assert baked.path.name == slug
+    assert baked.package == slug.replace("-", "_")
+    assert_exact_files(baked)
+
+    project = _pyproject(baked)
+    assert project["name"] == slug
+    if "description" in context:
+        assert project["description"] == context["description"]
+    if "author" in context:
+        assert project["authors"][0]["name"] == context["author"]
+
+    assert_python_compiles(baked)
+    assert_ruff_clean(baked)
+    assert context["project_name"] in (baked.path / "README.md").read_text(encoding="utf-8")
+    assert baked.context["author"] in (baked.path / "LICENSE").read_text(encoding="utf-8")

@@ -1,0 +1,122 @@
+"""Baked projects pass their own test suites, run the way a user would run them."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from conftest import bake, run_baked_tests
+
+pytestmark = pytest.mark.baked
+
+SUITE_CONTEXTS = [{}, {"tracker": "wandb"}, {"tracker": "tensorboard"}, {"launcher": "accelerate"}]
+
+# The install line the README must show, e.g. pip install -e '.[dev]' (any quoting).
+README_INSTALL = re.compile(r"""pip install -e ['"]?\.\[dev\]['"]?""")
+# Packages that must come from the already-installed environment, never from the index.
+HEAVY_PACKAGE = re.compile(r"^\s*(Collecting|Downloading) (torch|torchvision|numpy|nvidia)", re.M)
+
+
+def _tail(text: str, lines: int = 60) -> str:
+    """Return the last lines of a long output, for failure messages."""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@pytest.mark.parametrize(
+    "context",
+    SUITE_CONTEXTS,
+    ids=[",".join(f"{k}={v}" for k, v in c.items()) or "defaults" for c in SUITE_CONTEXTS],
+)
+def test_baked_project_suite_passes(cookies, context):
+    """The baked project's tests pass for the defaults, each tracker and the accelerate launcher."""
+    baked = bake(cookies, **context)
+    completed = run_baked_tests(baked.path)
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, _tail(output)
+    assert re.search(r"\d+ passed", completed.stdout), _tail(output)
+
+
+def _make_venv_on_top_of_this_one(venv: Path) -> Path:
+    """Create a fresh venv that also sees this interpreter's packages; return its bin/ directory.
+
+    A .pth file appends this venv's site-packages to the new one's sys.path, so pip counts torch
+    and friends as installed (it reads dist-info from sys.path) instead of downloading gigabytes.
+    """
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    bin_dir = venv / "bin"
+    new_site = subprocess.run(
+        [bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    Path(new_site, "template-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    return bin_dir
+
+
+def test_readme_install_then_tests_pass(cookies, tmp_path):
+    """The README's `pip install -e '.[dev]'` works in a fresh venv and the tests then pass."""
+    baked = bake(cookies)
+    readme = (baked.path / "README.md").read_text(encoding="utf-8")
+    assert README_INSTALL.search(readme), "README.md does not show pip install -e '.[dev]'"
+
+    bin_dir = _make_venv_on_top_of_this_one(tmp_path / "venv")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    env.update(VIRTUAL_ENV=str(bin_dir.parent), PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
+
+    install = subprocess.run(
+        [bin_dir / "pip", "install", "-e", f"{baked.path}[dev]"],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert install.returncode == 0, _tail(install.stdout + install.stderr)
+    assert "Requirement already satisfied: torch" in install.stdout, _tail(install.stdout)
+    assert not HEAVY_PACKAGE.search(install.stdout), HEAVY_PACKAGE.search(install.stdout)
+
+    tests = subprocess.run(
+        [bin_dir / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=baked.path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert tests.returncode == 0, _tail(tests.stdout + tests.stderr)
+    assert re.search(r"\d+ passed", tests.stdout), _tail(tests.stdout)
+
+
+def test_baked_slow_tests_pass(cookies):
+    """The baked project's slow tests (an imagefolder of PNG files trains well) pass."""
+    baked = bake(cookies)
+    completed = run_baked_tests(baked.path, "-m", "slow", timeout=600)
+    assert completed.returncode == 0, _tail(completed.stdout + completed.stderr)
+    assert re.search(r"\d+ passed", completed.stdout), _tail(completed.stdout)
+
+
+def test_default_run_without_arguments_learns(cookies):
+    """`python -m PACKAGE.train` with no arguments reaches val/acc >= 0.9 on the synthetic data."""
+    baked = bake(cookies)
+    env = {**os.environ, "PYTHONPATH": str(baked.path / "src")}
+    run = subprocess.run(
+        [sys.executable, "-m", f"{baked.package}.train"],
+        cwd=baked.path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert run.returncode == 0, _tail(run.stdout + run.stderr)
+    final = re.search(r"final val/acc=([0-9.]+)", run.stdout)
+    assert final and float(final[1]) >= 0.9, _tail(run.stdout)
+    lines = (baked.path / "runs" / "default" / "metrics.jsonl").read_text().splitlines()
+    val_samples = [json.loads(line)["val/samples"] for line in lines if "val/samples" in line]
+    assert val_samples == [1000, 1000, 1000]

@@ -1,0 +1,200 @@
+"""The hooks refuse bad answers with one clear line and prune the baked project."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, project_files
+
+
+@pytest.mark.parametrize("name", ["my_trainer", "trainer2", "_private_net", "Resnet_Lab"])
+def test_valid_package_names_are_accepted(pre_gen, name):
+    """Ordinary identifiers that shadow nothing are accepted as package names."""
+    assert pre_gen.validate_package_name(name) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("", "identifier"),
+        ("2fast", "identifier"),
+        ("my-trainer", "identifier"),
+        ("my trainer", "identifier"),
+        ("café", "identifier"),
+        ("class", "keyword"),
+        ("import", "keyword"),
+        ("match", "keyword"),
+        ("json", "shadow"),
+        ("logging", "shadow"),
+        ("Queue", "shadow"),
+        ("test", "shadow"),
+        ("tests", "shadow"),
+        ("torch", "shadow"),
+        ("torchvision", "shadow"),
+        ("torchaudio", "shadow"),
+        ("numpy", "shadow"),
+        ("yaml", "shadow"),
+        ("pil", "shadow"),
+        ("wandb", "shadow"),
+    ],
+)
+def test_bad_package_names_are_refused_with_a_reason(pre_gen, name, reason):
+    """Non-identifiers, keywords and names that shadow stdlib or dependency modules are refused."""
+    error = pre_gen.validate_package_name(name)
+    assert error is not None
+    assert reason in error
+    assert "package_name" in error
+
+
+@pytest.mark.parametrize("slug", ["my-trainer", "my_trainer", "trainer2", "2-fast", "a"])
+def test_valid_project_slugs_are_accepted(pre_gen, slug):
+    """Lowercase slugs of letters, digits, dashes and underscores are accepted."""
+    assert pre_gen.validate_project_slug(slug) is None
+
+
+@pytest.mark.parametrize(
+    "slug",
+    [
+        "",
+        "a/b",
+        "../escape",
+        "..",
+        "a..b",
+        "My-Trainer",
+        "my trainer",
+        "trainer.v2",
+        "-lead",
+        "end_",
+    ],
+)
+def test_bad_project_slugs_are_refused(pre_gen, slug):
+    """Empty slugs, paths, uppercase, spaces and other characters outside [a-z0-9_-] are refused."""
+    error = pre_gen.validate_project_slug(slug)
+    assert error is not None
+    assert "project_slug" in error
+
+
+@pytest.mark.parametrize("name", ["", "   ", "\t", "Two\nLines"])
+def test_blank_or_multiline_project_names_are_refused(pre_gen, name):
+    """A project name must have visible text on a single line."""
+    assert "project_name" in pre_gen.validate_project_name(name)
+
+
+@pytest.mark.parametrize("name", ["My Trainer", 'Zoë\'s "Quoted" \\ Trainer', "日本 Trainer 2"])
+def test_free_text_project_names_are_accepted(pre_gen, name):
+    """Quotes, backslashes and non-ASCII letters are fine in a project name."""
+    assert pre_gen.validate_project_name(name) is None
+
+
+def test_validate_answers_reports_the_first_bad_answer(pre_gen):
+    """The combined check names the answer to change, and passes the defaults."""
+    good = {
+        "project_name": "My Trainer",
+        "project_slug": "my-trainer",
+        "package_name": "my_trainer",
+        "description": 'Says "hi"',
+        "author": "Renée O'Brien",
+        "email": "you@example.com",
+    }
+    assert pre_gen.validate_answers(good) is None
+    assert "package_name" in pre_gen.validate_answers({**good, "package_name": "json"})
+    assert "author" in pre_gen.validate_answers({**good, "author": "Two\nLines"})
+
+
+def test_hooks_are_valid_python_before_rendering():
+    """Both hook files compile as they are stored, so linters and tests can read them."""
+    for hook in (ROOT / "hooks").glob("*.py"):
+        compile(hook.read_text(encoding="utf-8"), str(hook), "exec")
+
+
+def _licensed_tree(root: Path) -> Path:
+    """Lay out the licenses/ and .github/ files the generated project ships, under `root`."""
+    for name in ("MIT", "Apache-2.0", "BSD-3-Clause", "proprietary"):
+        (root / "licenses").mkdir(parents=True, exist_ok=True)
+        (root / "licenses" / name).write_text(f"{name} text\n")
+    (root / ".github" / "workflows").mkdir(parents=True)
+    (root / ".github" / "workflows" / "ci.yml").write_text("name: ci\n")
+    return root
+
+
+def test_install_license_moves_the_chosen_text(post_gen, tmp_path):
+    """The chosen license text becomes LICENSE and no licenses/ directory is left."""
+    root = _licensed_tree(tmp_path)
+    post_gen.install_license("Apache-2.0", root)
+    post_gen.remove_licenses_dir(root)
+    assert (root / "LICENSE").read_text() == "Apache-2.0 text\n"
+    assert project_files(root) == {"LICENSE", ".github/workflows/ci.yml"}
+
+
+def test_install_license_refuses_an_unknown_license(post_gen, tmp_path):
+    """An unknown license name fails with the list of available ones."""
+    root = _licensed_tree(tmp_path)
+    with pytest.raises(ValueError, match="MIT"):
+        post_gen.install_license("GPL-3.0", root)
+
+
+def test_remove_ci_deletes_the_workflow(post_gen, tmp_path):
+    """Without CI the .github/ directory is gone."""
+    root = _licensed_tree(tmp_path)
+    post_gen.remove_ci(root)
+    assert not (root / ".github").exists()
+
+
+@pytest.mark.parametrize(
+    "context",
+    [
+        {"package_name": "json"},
+        {"package_name": "torch"},
+        {"package_name": "class"},
+        {"package_name": "my-trainer"},
+        {"project_slug": "../escape"},
+        {"project_slug": "My Trainer"},
+        {"project_name": "   "},
+        {"project_name": "2nd Trainer"},
+        {"project_name": "!!!"},
+        {"project_name": "Import"},
+    ],
+    ids=lambda context: f"{next(iter(context))}={next(iter(context.values()))!r}",
+)
+def test_refused_answers_fail_the_bake(cookies, context):
+    """A refused answer stops the bake with an error and leaves no project behind."""
+    result = cookies.bake(extra_context=context, template=str(ROOT))
+    assert result.exit_code != 0
+    assert result.exception is not None
+    assert result.project_path is None or not Path(result.project_path).exists()
+
+
+def test_cli_refusal_is_one_line_without_traceback(tmp_path):
+    """`cookiecutter --no-input . package_name=json` fails with one ERROR line on stderr."""
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        f"cookiecutters_dir: {tmp_path / 'cookiecutters'}\nreplay_dir: {tmp_path / 'replay'}\n"
+    )
+    output = tmp_path / "out"
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cookiecutter",
+            "--no-input",
+            "-o",
+            str(output),
+            ".",
+            "package_name=json",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "COOKIECUTTER_CONFIG": str(config)},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode != 0
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1, completed.stderr
+    assert lines[0].startswith("ERROR: package_name 'json'")
+    assert "shadow" in lines[0]
+    assert "Traceback" not in completed.stderr
+    assert not output.exists() or not any(output.iterdir())
