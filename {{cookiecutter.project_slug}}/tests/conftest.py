@@ -40,7 +40,12 @@ def tiny(run_dir) -> list[str]:
     return [*TINY, f"run.output_dir={run_dir}"]
 
 
-def final_weights(run_dir) -> dict[str, torch.Tensor]:
-    """Model weights of the newest checkpoint of a run."""
-    _, state = latest_checkpoint(run_dir / "checkpoints")
-    return state["model"]
+@pytest.fixture
+def final_weights():
+    """Read the model weights of the newest checkpoint of a run directory."""
+
+    def read(run_dir) -> dict[str, torch.Tensor]:
+        _, state = latest_checkpoint(run_dir / "checkpoints")
+        return state["model"]
+
+    return read

@@ -101,6 +101,7 @@ class Payload:
         return (open, ("PWNED", "w"))
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_pickle_payload_is_refused_and_never_runs(tmp_path, monkeypatch):
     """A checkpoint carrying code is refused by weights_only loading and its payload does not run."""
     monkeypatch.chdir(tmp_path)

@@ -1,9 +1,12 @@
 """Training end to end on CPU: the loss falls, resume continues exactly, accumulation is exact."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
-from conftest import final_weights
 from {{ cookiecutter.package_name }} import train as train_module
 from {{ cookiecutter.package_name }}.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.config import load_config
@@ -25,7 +28,7 @@ def test_smoke_run_learns_and_writes_its_outputs(tiny, run_dir, capsys):
     assert "final val/acc=" in capsys.readouterr().out
 
 
-def test_resume_after_a_crash_matches_an_uninterrupted_run(tiny, tmp_path, monkeypatch):
+def test_resume_after_a_crash_matches_an_uninterrupted_run(tiny, tmp_path, monkeypatch, final_weights):
     """Killed after step 5 and resumed from the step-4 checkpoint, training ends with identical weights."""
     common = [*tiny, "trainer.checkpoint_every=4", "trainer.max_epochs=2", "data.augment=true"]
     assert main([*common, f"run.output_dir={tmp_path / 'straight'}"]) == 0
@@ -51,7 +54,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tiny, tmp_path, monke
     assert steps == [2, 4, 6, 8, 10, 12]  # continued from step 4: 2 and 4 logged once, not again
 
 
-def test_gradient_accumulation_equals_the_large_batch(tiny, tmp_path):
+def test_gradient_accumulation_equals_the_large_batch(tiny, tmp_path, final_weights):
     """2 micro-batches of 16 give the same weights as 1 batch of 32 (GroupNorm, fp32, no augmentation)."""
     exact = [*tiny, "model.norm=group", "data.augment=false", "trainer.max_steps=3"]
     assert main([*exact, "data.batch_size=32", f"run.output_dir={tmp_path / 'big'}"]) == 0
@@ -121,3 +124,24 @@ def test_imagefolder_of_png_files_trains_well(tmp_path, run_dir):
     final = [r for r in read_metrics(run_dir) if "val/acc" in r][-1]
     assert final["val/samples"] == 97
     assert final["val/acc"] >= 0.9
+
+
+def test_non_finite_loss_stops_with_a_clear_message_and_no_checkpoint(tiny, run_dir, monkeypatch, capsys):
+    """A NaN loss stops the run (exit 1) naming the step and the remedies, and nothing NaN is saved."""
+    monkeypatch.setattr(train_module, "classification_loss", lambda logits, targets: logits.sum() * float("nan"))
+    assert main([*tiny, "trainer.checkpoint_every=2"]) == 1
+    err = capsys.readouterr().err
+    assert "train/loss is nan at step 2" in err and "lower optim.lr" in err
+    assert not list_checkpoints(run_dir / "checkpoints")
+
+
+def test_two_process_ddp_on_cpu_splits_the_data(tiny, run_dir):
+    """torchrun with 2 processes (gloo) trains on half the batches each and validates every sample once."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    command += ["-m", "{{ cookiecutter.package_name }}.train", *tiny]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records if "val/acc" in r] == [3]  # 192 samples / (2 x 32) per optimizer step
+    assert [r["val/samples"] for r in records if "val/samples" in r] == [101]
