@@ -52,3 +52,17 @@ def test_pitfalls_table_numbers_every_pitfall():
         if line.startswith("| ") and line.split("|")[1].strip().isdigit()
     ]
     assert numbers == list(range(1, 41))
+
+
+def test_pitfalls_table_names_only_tests_that_exist():
+    """Every test the pitfalls table cites is a test function of the generated project."""
+    import re
+
+    text = (ROOT / "docs" / "pitfalls.md").read_text(encoding="utf-8")
+    cited = set(re.findall(r"`(test_\w+)", text))
+    project_tests = ROOT / "{{cookiecutter.project_slug}}" / "tests"
+    defined = set()
+    for path in project_tests.glob("test_*.py"):
+        defined |= set(re.findall(r"^def (test_\w+)", path.read_text(encoding="utf-8"), re.M))
+    assert cited, "the table cites no tests"
+    assert cited <= defined, sorted(cited - defined)
