@@ -133,3 +133,26 @@ def test_cifar10_missing_offline_is_a_clear_error(tmp_path):
     cfg = load_config([], ["data.name=cifar10", f"data.root={tmp_path}", "data.download=false"])
     with pytest.raises(ConfigError, match="CIFAR-10 is not in data.root"):
         build_datasets(cfg.data)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_unreadable_image_stops_training_with_one_line(tmp_path, capsys, workers):
+    """A corrupt file in an imagefolder exits 2 with one line naming it, also from a DataLoader worker."""
+    from {{ cookiecutter.package_name }}.train import main
+
+    _write_imagefolder(tmp_path / "images")
+    (tmp_path / "images" / "val" / "dark" / "broken.png").write_bytes(b"not a png")
+    overrides = [
+        "run.device=cpu",
+        "data.name=imagefolder",
+        f"data.root={tmp_path / 'images'}",
+        "data.batch_size=8",
+        f"data.num_workers={workers}",
+        "data.image_size=16",
+        "trainer.max_epochs=1",
+        "tracker.name=none",
+        f"run.output_dir={tmp_path / 'run'}",
+    ]
+    assert main(overrides) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot read image" in err[0] and "broken.png" in err[0], err

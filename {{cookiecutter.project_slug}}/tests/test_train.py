@@ -145,3 +145,17 @@ def test_two_process_ddp_on_cpu_splits_the_data(tiny, run_dir):
     records = read_metrics(run_dir)
     assert [r["step"] for r in records if "val/acc" in r] == [3]  # 192 samples / (2 x 32) per optimizer step
     assert [r["val/samples"] for r in records if "val/samples" in r] == [101]
+
+
+def test_channels_last_trains(tiny, run_dir):
+    """model.channels_last=true trains and validates on CPU."""
+    assert main([*tiny, "model.channels_last=true", "trainer.max_steps=2"]) == 0
+    assert [r["val/samples"] for r in read_metrics(run_dir) if "val/samples" in r] == [101]
+
+
+@pytest.mark.slow
+def test_compiled_model_trains_and_saves_clean_keys(tiny, run_dir):
+    """model.compile=true trains, and its checkpoint keys carry no _orig_mod. prefix."""
+    assert main([*tiny, "model.compile=true", "trainer.max_steps=2"]) == 0
+    _, state = train_module.latest_checkpoint(run_dir / "checkpoints")
+    assert "conv1.weight" in state["model"] and not any(k.startswith("_orig_mod.") for k in state["model"])

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import inspect
 import itertools
+import re
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,12 @@ DEFAULT_TRACKER = "{{ cookiecutter.tracker }}"
 
 class ConfigError(Exception):
     """A configuration the user must fix; the message names the key and what is allowed."""
+
+
+def error_line(err: Exception) -> str:
+    """The one line to show the user, also when a DataLoader worker wrapped it in its traceback."""
+    last = str(err).strip().splitlines()[-1]
+    return re.sub(r"^[\w.]+Error: ", "", last)
 
 
 @dataclass

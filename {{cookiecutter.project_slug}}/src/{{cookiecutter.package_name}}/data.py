@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from torchvision import datasets
 from torchvision.transforms import v2
@@ -98,11 +99,20 @@ def _cifar10(cfg, train_tf, val_tf):
     return train_set, val_set
 
 
+def read_image(path: str) -> Image.Image:
+    """Open an image file as RGB; an unreadable file is named instead of a worker traceback."""
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (OSError, SyntaxError, ValueError) as err:
+        raise ConfigError(f"data.root: cannot read image {path} ({err}); remove or replace the file") from None
+
+
 def _imagefolder(cfg, train_tf, val_tf):
     root = Path(cfg.root)
     try:
-        train_set = datasets.ImageFolder(str(root / "train"), transform=train_tf)
-        val_set = datasets.ImageFolder(str(root / "val"), transform=val_tf)
+        train_set = datasets.ImageFolder(str(root / "train"), transform=train_tf, loader=read_image)
+        val_set = datasets.ImageFolder(str(root / "val"), transform=val_tf, loader=read_image)
     except (FileNotFoundError, OSError) as err:
         raise ConfigError(f"data.root={cfg.root!r}: {err}") from None
     if train_set.classes != val_set.classes:

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 from . import distributed
 from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, strip_prefixes
-from .config import Config, ConfigError, load_config, parse_args
+from .config import Config, ConfigError, error_line, load_config, parse_args
 from .data import build_datasets, build_val_loader
 from .model import build_model
 
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             distributed.teardown()
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {error_line(err)}", file=sys.stderr)
         return 2
     if env.is_main:
         metrics = {"checkpoint": str(path), "step": state["progress"]["step"], **metrics}

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .checkpoint import atomic_write, save_weights
-from .config import ConfigError
+from .config import ConfigError, error_line
 from .data import build_datasets
 from .evaluate import load_model_weights, restore_trained
 from .model import build_model
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         model = build_model(cfg.model, num_classes)
         load_model_weights(model, state["model"], path)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {error_line(err)}", file=sys.stderr)
         return 2
     out = Path(cfg.run.output_dir) / "export"
     save_weights(model.state_dict(), out / "model.safetensors")

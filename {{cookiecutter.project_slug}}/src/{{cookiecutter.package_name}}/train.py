@@ -40,7 +40,7 @@ from .checkpoint import (
     save_weights,
     set_rng_state,
 )
-from .config import Config, ConfigError, OptimConfig, load_config, parse_args, to_dict, to_yaml
+from .config import Config, ConfigError, OptimConfig, error_line, load_config, parse_args, to_dict, to_yaml
 from .data import build_datasets, build_train_loader, build_val_loader
 from .evaluate import autocast, evaluate_model, load_model_weights
 from .metrics import MetricsLogger, SampleMean
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(files, overrides)
         result = train(cfg)
     except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {error_line(err)}", file=sys.stderr)
         return 2
     except Diverged as err:
         print(f"error: {err}", file=sys.stderr)
