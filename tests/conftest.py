@@ -56,18 +56,24 @@ def load_hook(name: str) -> ModuleType:
     return module
 
 
-def run_baked_tests(project: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run a baked project's own test suite with this interpreter, importing it from ``src/``."""
-    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+def run(command: list, cwd: Path, env: dict | None = None, timeout: float = 300):
+    """Run a command to completion without a terminal, capturing its text output."""
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
-        cwd=project,
+        command,
+        cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def run_baked_tests(project: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run a baked project's own test suite with this interpreter, importing it from ``src/``."""
+    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
+    return run(command, cwd=project, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import bake, run_baked_tests
+from conftest import bake, run, run_baked_tests
 
 pytestmark = pytest.mark.baked
 
@@ -68,27 +68,13 @@ def test_readme_install_then_tests_pass(cookies, tmp_path):
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env.update(VIRTUAL_ENV=str(bin_dir.parent), PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
 
-    install = subprocess.run(
-        [bin_dir / "pip", "install", "-e", f"{baked.path}[dev]"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    install = run([bin_dir / "pip", "install", "-e", f"{baked.path}[dev]"], cwd=tmp_path, env=env)
     assert install.returncode == 0, _tail(install.stdout + install.stderr)
     assert "Requirement already satisfied: torch" in install.stdout, _tail(install.stdout)
     assert not HEAVY_PACKAGE.search(install.stdout), HEAVY_PACKAGE.search(install.stdout)
 
-    tests = subprocess.run(
-        [bin_dir / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-        cwd=baked.path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    pytest_command = [bin_dir / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    tests = run(pytest_command, baked.path, env, timeout=600)
     assert tests.returncode == 0, _tail(tests.stdout + tests.stderr)
     assert re.search(r"\d+ passed", tests.stdout), _tail(tests.stdout)
 
@@ -105,18 +91,10 @@ def test_default_run_without_arguments_learns(cookies):
     """`python -m PACKAGE.train` with no arguments reaches val/acc >= 0.9 on the synthetic data."""
     baked = bake(cookies)
     env = {**os.environ, "PYTHONPATH": str(baked.path / "src")}
-    run = subprocess.run(
-        [sys.executable, "-m", f"{baked.package}.train"],
-        cwd=baked.path,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert run.returncode == 0, _tail(run.stdout + run.stderr)
-    final = re.search(r"final val/acc=([0-9.]+)", run.stdout)
-    assert final and float(final[1]) >= 0.9, _tail(run.stdout)
+    training = run([sys.executable, "-m", f"{baked.package}.train"], baked.path, env, timeout=900)
+    assert training.returncode == 0, _tail(training.stdout + training.stderr)
+    final = re.search(r"final val/acc=([0-9.]+)", training.stdout)
+    assert final and float(final[1]) >= 0.9, _tail(training.stdout)
     lines = (baked.path / "runs" / "default" / "metrics.jsonl").read_text().splitlines()
     val_samples = [json.loads(line)["val/samples"] for line in lines if "val/samples" in line]
     assert val_samples == [1000, 1000, 1000]
