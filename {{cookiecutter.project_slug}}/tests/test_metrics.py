@@ -108,3 +108,11 @@ def test_wandb_tracker_offline_keeps_one_run_id(tmp_path, monkeypatch):
         logger.close()
     assert ids[0] == ids[1] == (tmp_path / "wandb_run_id").read_text()
     assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_global_mean_of_one_process_is_the_sample_mean():
+    """global_mean() equals mean for one process (the all-reduce is a no-op without a process group)."""
+    mean = SampleMean()
+    mean.update(torch.tensor(2.0), 3)
+    mean.update(torch.tensor(4.0), 1)
+    assert mean.global_mean() == pytest.approx(2.5) == mean.mean

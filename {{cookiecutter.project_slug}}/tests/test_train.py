@@ -1,8 +1,10 @@
 """Training end to end on CPU: the loss falls, resume continues exactly, accumulation is exact."""
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,16 +137,94 @@ def test_non_finite_loss_stops_with_a_clear_message_and_no_checkpoint(tiny, run_
     assert not list_checkpoints(run_dir / "checkpoints")
 
 
-def test_two_process_ddp_on_cpu_splits_the_data(tiny, run_dir):
-    """torchrun with 2 processes (gloo) trains on half the batches each and validates every sample once."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    command += ["-m", "{{ cookiecutter.package_name }}.train", *tiny]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+def torchrun(nproc: int, args: list[str], script: list[str] | None = None, **env) -> None:
+    """Run training (or a driver script) under torchrun with nproc CPU processes; fail with its stderr."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    command += script or ["-m", "{{ cookiecutter.package_name }}.train"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path), **env}
+    result = subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    records = read_metrics(run_dir)
-    assert [r["step"] for r in records if "val/acc" in r] == [3]  # 192 samples / (2 x 32) per optimizer step
-    assert [r["val/samples"] for r in records if "val/samples" in r] == [101]
+
+
+def distance(a: dict, b: dict) -> float:
+    """Euclidean distance between two sets of weights."""
+    return sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a).sqrt().item()
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_match_one_and_resume_on_one(tiny, tmp_path, final_weights, strategy):
+    """2 processes x batch 32 train like 1 x batch 64, count each validation sample once, and resume on 1.
+
+    "Like" means: the weights differ by float rounding only (Adam amplifies it a little), at least
+    20x less than after a run that sees other batches (1 process x batch 32).
+    """
+    exact = [
+        *tiny,
+        "model.norm=group",
+        "data.augment=false",
+        "trainer.max_epochs=2",
+        "trainer.checkpoint_every=2",
+        "trainer.keep_last=10",
+    ]
+    one, two, other = tmp_path / "one", tmp_path / "two", tmp_path / "other"
+    assert main([*exact, "data.batch_size=64", f"run.output_dir={one}"]) == 0
+    assert main([*exact, "data.batch_size=32", "trainer.max_steps=6", f"run.output_dir={other}"]) == 0
+    torchrun(2, [*exact, "data.batch_size=32", f"distributed.strategy={strategy}", f"run.output_dir={two}"])
+    records = read_metrics(two)
+    assert [r["step"] for r in records if "val/acc" in r] == [3, 6]  # 192 samples / (2 x 32) per step
+    assert [r["val/samples"] for r in records if "val/samples" in r] == [101, 101]
+    reference = final_weights(one)
+    tolerance = distance(reference, final_weights(other)) / 20
+    assert distance(reference, final_weights(two)) < tolerance
+
+    for later in list_checkpoints(two / "checkpoints")[1:]:
+        later.unlink()  # as if the job died after the step-2 checkpoint, mid-epoch
+    assert main([*exact, "data.batch_size=64", f"run.output_dir={two}"]) == 0
+    assert distance(reference, final_weights(two)) < tolerance
+
+
+COUNT_SYNCS = """
+import json, os, sys
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+from {{ cookiecutter.package_name }} import distributed, train
+
+syncs, wrap_model = [], distributed.wrap_model
+
+def counting_hook(state, bucket):
+    syncs.append(bucket.is_last())  # one True per gradient all-reduce of the whole model
+    return allreduce_hook(state, bucket)
+
+def wrap_and_count(model, cfg, env):
+    wrapped = wrap_model(model, cfg, env)
+    wrapped.register_comm_hook(None, counting_hook)
+    return wrapped
+
+distributed.wrap_model = wrap_and_count
+code = train.main(sys.argv[1:])
+with open(os.environ["SYNC_COUNTS"] + os.environ["RANK"], "w") as f:
+    json.dump(sum(syncs), f)
+sys.exit(code)
+"""
+
+
+def test_accumulation_all_reduces_once_per_optimizer_step(tiny, tmp_path):
+    """With 2 micro-batches per step under DDP, gradients are all-reduced 3 times in 3 steps, not 6."""
+    script = tmp_path / "count_syncs.py"
+    script.write_text(COUNT_SYNCS)
+    counts = tmp_path / "syncs-rank"
+    torchrun(
+        2,
+        [
+            *tiny,
+            "trainer.grad_accum_steps=2",
+            "trainer.max_steps=3",
+            "data.batch_size=16",
+            f"run.output_dir={tmp_path / 'run'}",
+        ],
+        script=[str(script)],
+        SYNC_COUNTS=str(counts),
+    )
+    assert [json.loads(Path(f"{counts}{rank}").read_text()) for rank in (0, 1)] == [3, 3]
 
 
 def test_channels_last_trains(tiny, run_dir):

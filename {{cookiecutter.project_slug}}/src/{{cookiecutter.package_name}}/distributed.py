@@ -7,6 +7,7 @@ rendezvous, which keeps torchrun restarts working.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -14,6 +15,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from .config import Config, ConfigError
@@ -66,20 +76,51 @@ def teardown() -> None:
 
 
 def wrap_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
-    """DistributedDataParallel when more than one process trains; the model itself otherwise."""
+    """DDP or FSDP2 (fully_shard per block, then the root) when more than one process trains."""
     strategy = cfg.distributed.strategy
-    if strategy == "fsdp":
-        raise ConfigError("distributed.strategy=fsdp is not available yet; use ddp")
     if env.world_size == 1:
-        return model
+        return model  # nothing to replicate or shard: the same code as N processes, unwrapped
     if strategy == "none":
         raise ConfigError(
             f"distributed.strategy=none with {env.world_size} processes would train independent models; use ddp"
         )
+    if strategy == "fsdp":
+        if cfg.trainer.precision == "fp16":
+            raise ConfigError("distributed.strategy=fsdp supports trainer.precision=bf16 or fp32, not fp16")
+        return shard_model(model, env, cfg.trainer.precision)
     if cfg.distributed.sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     device_ids = [env.device.index] if env.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids)
+
+
+def shard_model(model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
+    """FSDP2: shard every block of every nn.Sequential stage, then the root module."""
+    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    policy = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" else None
+    )
+    options = {"mesh": mesh, "mp_policy": policy} if policy else {"mesh": mesh}
+    sharded: list[str] = []
+    for name, stage in model.named_modules():
+        if not isinstance(stage, nn.Sequential) or any(name.startswith(f"{done}.") for done in sharded):
+            continue  # not a stage, or inside a block already sharded (e.g. a ResNet downsample)
+        for child, block in stage.named_children():
+            if any(True for _ in block.parameters()):
+                fully_shard(block, **options)
+                sharded.append(f"{name}.{child}")
+    fully_shard(model, **options)
+    return model
+
+
+def gradient_sync(model: nn.Module, enabled: bool):
+    """Context for one micro-batch: with enabled=False, gradients are not all-reduced (accumulation)."""
+    inner = getattr(model, "_orig_mod", model)  # inside torch.compile's wrapper
+    if isinstance(inner, FSDPModule):
+        inner.set_requires_gradient_sync(enabled)
+    elif isinstance(inner, DistributedDataParallel) and not enabled:
+        return inner.no_sync()
+    return contextlib.nullcontext()
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -87,6 +128,40 @@ def unwrap(model: nn.Module) -> nn.Module:
     model = getattr(model, "_orig_mod", model)
     model = getattr(model, "module", model) if isinstance(model, DistributedDataParallel) else model
     return getattr(model, "_orig_mod", model)
+
+
+FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def full_model_state(model: nn.Module) -> dict:
+    """Unsharded weights keyed by parameter name, on rank 0's CPU (empty on other ranks).
+
+    Every rank must call it (FSDP gathers the shards). The result is the same for one process,
+    DDP or FSDP, so a checkpoint written by N processes resumes on M.
+    """
+    return get_model_state_dict(getattr(model, "_orig_mod", model), options=FULL_STATE)
+
+
+def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Unsharded optimizer state keyed by parameter name, like full_model_state()."""
+    return get_optimizer_state_dict(getattr(model, "_orig_mod", model), optimizer, options=FULL_STATE)
+
+
+def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict, optim_state: dict) -> None:
+    """Load what full_state() returned into this process's (possibly sharded) model and optimizer."""
+    model = getattr(model, "_orig_mod", model)
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(model, weights, options=options)  # note: both calls rewrite the dicts they get
+    set_optimizer_state_dict(model, optimizer, optim_state, options=options)
+
+
+def all_gather_object(obj) -> list:
+    """obj from every process, in rank order ([obj] for one process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, obj)
+    return gathered
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

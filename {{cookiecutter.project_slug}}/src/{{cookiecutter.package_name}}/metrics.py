@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError, TrackerConfig
+from .distributed import all_reduce_sum
 
 
 class SampleMean:
@@ -33,6 +34,16 @@ class SampleMean:
     def mean(self) -> float:
         total = self.total.item() if torch.is_tensor(self.total) else self.total
         return total / self.count if self.count else math.nan
+
+    def global_mean(self) -> float:
+        """The mean over every process's samples; all processes must call it together."""
+        total = self.total if torch.is_tensor(self.total) else torch.tensor(self.total)
+        stats = torch.stack(
+            [total.double().reshape(()), torch.tensor(self.count, dtype=torch.float64).to(total.device)]
+        )
+        all_reduce_sum(stats)
+        total, count = stats.tolist()
+        return total / count if count else math.nan
 
     def reset(self) -> None:
         self.total, self.count = 0.0, 0

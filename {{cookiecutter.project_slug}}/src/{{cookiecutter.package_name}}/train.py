@@ -42,7 +42,7 @@ from .checkpoint import (
 )
 from .config import Config, ConfigError, OptimConfig, error_line, load_config, parse_args, to_dict, to_yaml
 from .data import build_datasets, build_train_loader, build_val_loader
-from .evaluate import autocast, evaluate_model, load_model_weights
+from .evaluate import autocast, evaluate_model
 from .metrics import MetricsLogger, SampleMean
 from .model import build_model, classification_loss, train_mode
 
@@ -59,7 +59,7 @@ class Progress:
 
     step: int = 0  # optimizer steps taken
     epoch: int = 0  # epochs completed
-    batches_done: int = 0  # micro-batches this process consumed in the current epoch
+    samples_done: int = 0  # samples all processes together consumed in the current epoch
     best_acc: float = -1.0
     best_step: int = -1
 
@@ -71,17 +71,19 @@ class Progress:
             setattr(self, key, value)
 
 
-def seed_everything(seed: int, deterministic: bool) -> None:
-    """Seed python, numpy and torch (all devices); optionally only deterministic kernels."""
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (all devices)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    if deterministic:
+
+
+def use_deterministic_kernels(enabled: bool) -> None:
+    """Only deterministic kernels (slower), or the fastest ones for fixed image sizes."""
+    if enabled:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS needs it to be deterministic
-        torch.backends.cudnn.benchmark = False
         torch.use_deterministic_algorithms(True)
-    else:
-        torch.backends.cudnn.benchmark = True  # fastest conv algorithms for fixed image sizes
+    torch.backends.cudnn.benchmark = not enabled
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
@@ -120,6 +122,16 @@ def resume_state(cfg: Config, checkpoints: Path) -> tuple[Path, dict] | None:
     return found
 
 
+def check_resumable(progress: Progress, global_batch: int, path: Path) -> None:
+    """A mid-epoch checkpoint continues only where it ends on one of this run's optimizer steps."""
+    if progress.samples_done % global_batch:
+        raise CheckpointError(
+            f"{path}: stopped {progress.samples_done} samples into epoch {progress.epoch}, not a whole number "
+            f"of this run's global batches ({global_batch} = data.batch_size x processes x grad_accum_steps); "
+            "resume with the same global batch"
+        )
+
+
 def check_finite(loss: float, step: int, precision: str) -> None:
     """Stop with the usual remedies when the loss is NaN or infinite."""
     if not math.isfinite(loss):
@@ -142,7 +154,8 @@ def train(cfg: Config) -> dict:
 def fit(cfg: Config, env: distributed.DistEnv) -> dict:
     output_dir, tcfg = Path(cfg.run.output_dir), cfg.trainer
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING, format="%(asctime)s %(message)s")
-    seed_everything(cfg.run.seed + env.rank, cfg.run.deterministic)  # each rank augments differently
+    use_deterministic_kernels(cfg.run.deterministic)
+    seed_everything(cfg.run.seed)  # the same initial weights on every rank: FSDP does not broadcast them
 
     # Data: each process gets its own slice; the global batch is batch_size x world_size x accum.
     train_set, val_set, num_classes = build_datasets(cfg.data)
@@ -151,6 +164,7 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
     train_loader = build_train_loader(cfg.data, train_set, seed=cfg.run.seed, **shard)
     val_loader = build_val_loader(cfg.data, val_set, **shard)
     accum = tcfg.grad_accum_steps
+    global_micro = cfg.data.batch_size * env.world_size  # samples per micro-batch, all processes
     steps_per_epoch = len(train_loader) // accum  # leftover micro-batches of an epoch are skipped
     if steps_per_epoch == 0:
         raise ConfigError(f"trainer.grad_accum_steps={accum} exceeds the {len(train_loader)} batches of an epoch")
@@ -159,6 +173,7 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
     # Model on its device first, then the wrappers, then the optimizer over its parameters.
     memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
     model = build_model(cfg.model, num_classes).to(env.device, memory_format=memory_format)
+    seed_everything(cfg.run.seed + env.rank)  # from here on each rank draws its own augmentation
     model = distributed.wrap_model(model, cfg, env)
     if cfg.model.compile:
         model = torch.compile(model)
@@ -170,33 +185,38 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
     scaler = torch.amp.GradScaler(env.device.type, enabled=tcfg.precision == "fp16")  # fp16 only
     progress = Progress()
 
-    def training_state() -> dict:
-        return {
-            "model": distributed.unwrap(model).state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(),
-            "progress": progress.state_dict(),
-            "rng": rng_state(),
-            "loader_generator": train_loader.generator.get_state(),
-            "config": to_dict(cfg),
-        }
-
     def save() -> None:
+        weights = distributed.full_model_state(model)  # every rank joins the gathers
+        optim_state = distributed.full_optimizer_state(model, optimizer)
+        per_rank = distributed.all_gather_object({"rng": rng_state(), "loader": train_loader.generator.get_state()})
         if env.is_main:
-            save_checkpoint(output_dir / "checkpoints", training_state(), progress.step, tcfg.keep_last)
-        distributed.barrier()
+            state = {
+                "model": weights,
+                "optimizer": optim_state,
+                "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict(),
+                "progress": progress.state_dict(),
+                "ranks": per_rank,
+                "config": to_dict(cfg),
+            }
+            save_checkpoint(output_dir / "checkpoints", state, progress.step, tcfg.keep_last)
+        distributed.barrier()  # a checkpoint counts once it is complete, before anyone moves on
 
     found = resume_state(cfg, output_dir / "checkpoints")
     if found:
         path, state = found
-        load_model_weights(distributed.unwrap(model), state["model"], path)
-        optimizer.load_state_dict(state["optimizer"])
+        progress.load_state_dict(state["progress"])
+        check_resumable(progress, global_micro * accum, path)
+        try:
+            distributed.load_full_state(model, optimizer, state["model"], state["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as err:
+            reason = str(err).strip().splitlines()[0]
+            raise CheckpointError(f"{path}: does not fit the configured model ({reason})") from None
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
-        progress.load_state_dict(state["progress"])
-        set_rng_state(state["rng"])
-        train_loader.generator.set_state(state["loader_generator"])
+        if env.rank < len(state["ranks"]):  # a new rank (more processes than before) keeps its fresh seed
+            set_rng_state(state["ranks"][env.rank]["rng"])
+            train_loader.generator.set_state(state["ranks"][env.rank]["loader"])
         log.info("resumed from %s at step %d, epoch %d", path, progress.step, progress.epoch)
 
     if env.is_main:
@@ -210,29 +230,32 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
     try:
         while progress.epoch < tcfg.max_epochs and progress.step < total_steps:
             train_mode(model)
-            train_loader.sampler.set_position(progress.epoch, progress.batches_done * cfg.data.batch_size)
-            batches = itertools.islice(train_loader, steps_per_epoch * accum - progress.batches_done)
+            done = progress.samples_done // global_micro  # micro-batches of this epoch already taken
+            train_loader.sampler.set_position(progress.epoch, progress.samples_done // env.world_size)
+            batches = itertools.islice(train_loader, steps_per_epoch * accum - done)
             bar = tqdm(
                 batches,
-                total=steps_per_epoch * accum - progress.batches_done,
+                total=steps_per_epoch * accum - done,
                 disable=not show_bar,
                 desc=f"epoch {progress.epoch}",
                 leave=False,
             )
-            for images, targets in bar:
+            for micro, (images, targets) in enumerate(bar, start=done):
                 images = images.to(env.device, non_blocking=True, memory_format=memory_format)
                 targets = targets.to(env.device, non_blocking=True)  # the whole batch moves, not just inputs
-                if progress.batches_done % accum == 0:
+                if micro % accum == 0:
                     optimizer.zero_grad(set_to_none=True)
-                with autocast(env.device, tcfg.precision):
-                    logits = model(images)
-                    loss = classification_loss(logits, targets)
-                scaler.scale(loss / accum).backward()
+                last_micro = (micro + 1) % accum == 0
+                with distributed.gradient_sync(model, enabled=last_micro):  # one all-reduce per step
+                    with autocast(env.device, tcfg.precision):
+                        logits = model(images)
+                        loss = classification_loss(logits, targets)
+                    scaler.scale(loss / accum).backward()
                 running.update(loss, len(targets))  # stays on the device: no host sync per step
                 samples += len(targets)
-                progress.batches_done += 1
-                if progress.batches_done % accum:
-                    continue  # more micro-batches before this optimizer step
+                progress.samples_done += global_micro
+                if not last_micro:
+                    continue
                 if tcfg.grad_clip > 0:
                     scaler.unscale_(optimizer)
                     nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
@@ -242,7 +265,7 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
                 progress.step += 1
 
                 if progress.step % tcfg.log_every == 0:
-                    train_loss = running.mean
+                    train_loss = running.global_mean()  # every rank gets it, so all stop together on NaN
                     check_finite(train_loss, progress.step, tcfg.precision)
                     elapsed = time.perf_counter() - started
                     logger.log(
@@ -263,14 +286,15 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
                 if progress.step >= total_steps:
                     break
             bar.close()
-            if progress.batches_done >= steps_per_epoch * accum:
-                progress.epoch, progress.batches_done = progress.epoch + 1, 0
+            if progress.samples_done >= steps_per_epoch * accum * global_micro:
+                progress.epoch, progress.samples_done = progress.epoch + 1, 0
 
             val = evaluate_model(model, val_loader, env.device, tcfg.precision)
             if val["val/acc"] > progress.best_acc:
                 progress.best_acc, progress.best_step = val["val/acc"], progress.step
+                weights = distributed.full_model_state(model)
                 if env.is_main:
-                    save_weights(distributed.unwrap(model).state_dict(), output_dir / "best.safetensors")
+                    save_weights(weights, output_dir / "best.safetensors")
             logger.log({**val, "val/best_acc": progress.best_acc}, progress.step, progress.epoch)
             log.info(
                 "epoch %d step %d: val/loss %.4f val/acc %.4f (%d samples)",
