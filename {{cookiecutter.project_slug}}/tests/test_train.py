@@ -239,3 +239,17 @@ def test_compiled_model_trains_and_saves_clean_keys(tiny, run_dir):
     assert main([*tiny, "model.compile=true", "trainer.max_steps=2"]) == 0
     _, state = train_module.latest_checkpoint(run_dir / "checkpoints")
     assert "conv1.weight" in state["model"] and not any(k.startswith("_orig_mod.") for k in state["model"])
+
+
+def test_accelerate_launch_starts_two_cpu_processes(tiny, run_dir):
+    """accelerate launch with configs/accelerate/multi_cpu.yaml really runs 2 processes that split the data."""
+    pytest.importorskip("accelerate")
+    config = Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "multi_cpu.yaml"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    command += ["-m", "{{ cookiecutter.package_name }}.train", *tiny]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records if "val/acc" in r] == [3]  # 192 samples / (2 processes x 32)
+    assert [r["val/samples"] for r in records if "val/samples" in r] == [101]

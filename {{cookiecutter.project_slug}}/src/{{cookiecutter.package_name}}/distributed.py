@@ -8,6 +8,7 @@ rendezvous, which keeps torchrun restarts working.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,6 +28,8 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from .config import Config, ConfigError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -75,9 +78,16 @@ def teardown() -> None:
         dist.destroy_process_group()
 
 
+def resolve_strategy(cfg: Config) -> str:
+    """distributed.strategy, with auto meaning fsdp under an accelerate FSDP config and ddp otherwise."""
+    if cfg.distributed.strategy != "auto":
+        return cfg.distributed.strategy
+    return "fsdp" if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" else "ddp"
+
+
 def wrap_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
     """DDP or FSDP2 (fully_shard per block, then the root) when more than one process trains."""
-    strategy = cfg.distributed.strategy
+    strategy = resolve_strategy(cfg)
     if env.world_size == 1:
         return model  # nothing to replicate or shard: the same code as N processes, unwrapped
     if strategy == "none":
@@ -87,9 +97,11 @@ def wrap_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
     if strategy == "fsdp":
         if cfg.trainer.precision == "fp16":
             raise ConfigError("distributed.strategy=fsdp supports trainer.precision=bf16 or fp32, not fp16")
+        log.info("FSDP2 over %d processes", env.world_size)
         return shard_model(model, env, cfg.trainer.precision)
     if cfg.distributed.sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    log.info("DDP over %d processes", env.world_size)
     device_ids = [env.device.index] if env.device.type == "cuda" else None
     return DistributedDataParallel(model, device_ids=device_ids)
 

@@ -3,7 +3,7 @@
     python -m PACKAGE.train                                        # one CPU or GPU, synthetic data
     python -m PACKAGE.train --config configs/default.yaml trainer.max_epochs=10 data.batch_size=64
     torchrun --nproc_per_node=4 -m PACKAGE.train --config configs/default.yaml
-    accelerate launch --num_processes 4 -m PACKAGE.train --config configs/default.yaml
+    accelerate launch --config_file configs/accelerate/multi_gpu.yaml -m PACKAGE.train --config configs/default.yaml
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 \\
         -m PACKAGE.train --config configs/default.yaml          # on each node (and from SLURM)
 
