@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -252,4 +253,22 @@ def test_accelerate_launch_starts_two_cpu_processes(tiny, run_dir):
     assert result.returncode == 0, result.stderr[-3000:]
     records = read_metrics(run_dir)
     assert [r["step"] for r in records if "val/acc" in r] == [3]  # 192 samples / (2 processes x 32)
+    assert [r["val/samples"] for r in records if "val/samples" in r] == [101]
+
+
+def test_two_nodes_rendezvous_through_c10d(tiny, run_dir):
+    """Two torchrun agents (--nnodes=2, c10d rendezvous) on this machine train as one 2-process job."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+               "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=two-nodes",
+               "-m", "{{ cookiecutter.package_name }}.train", *tiny]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    nodes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for _ in range(2)]  # fmt: skip
+    outputs = [node.communicate(timeout=300)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    records = read_metrics(run_dir)
+    assert [r["step"] for r in records if "val/acc" in r] == [3]  # the data split over 2 processes
     assert [r["val/samples"] for r in records if "val/samples" in r] == [101]
