@@ -32,6 +32,23 @@ def remove_ci(root: Path = Path()) -> None:
     shutil.rmtree(root / ".github")
 
 
+def remove_slurm(root: Path = Path()) -> None:
+    """Delete the SLURM batch script."""
+    shutil.rmtree(root / "scripts" / "slurm")
+
+
+def remove_kubernetes(root: Path = Path()) -> None:
+    """Delete the Kubernetes PyTorchJob manifest."""
+    shutil.rmtree(root / "scripts" / "kubernetes")
+
+
+def remove_empty_scripts_dir(root: Path = Path()) -> None:
+    """Delete scripts/ when no cluster file is left in it."""
+    scripts = root / "scripts"
+    if scripts.is_dir() and not any(scripts.iterdir()):
+        scripts.rmdir()
+
+
 def main() -> int:
     """Apply the answers to the baked project; print one ERROR line and return 1 on failure."""
     answers = json.loads(CONTEXT)
@@ -43,6 +60,11 @@ def main() -> int:
     remove_licenses_dir()
     if answers["include_ci"] == "no":
         remove_ci()
+    if answers["cluster"] not in ("slurm", "all"):
+        remove_slurm()
+    if answers["cluster"] not in ("kubernetes", "all"):
+        remove_kubernetes()
+    remove_empty_scripts_dir()
     return 0
 
 

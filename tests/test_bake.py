@@ -73,10 +73,18 @@ JINJA_LEFTOVER = re.compile(r"\{%|%\}|\{\{[^{}\n]*\}\}")
 GITHUB_EXPRESSION = re.compile(r"\$\{\{.*?\}\}")
 
 
-def expected_files(package: str, include_ci: str = "yes") -> set[str]:
+CLUSTER_FILES = {
+    "none": set(),
+    "slurm": {"scripts/slurm/train.sbatch"},
+    "kubernetes": {"scripts/kubernetes/pytorchjob.yaml"},
+    "all": {"scripts/slurm/train.sbatch", "scripts/kubernetes/pytorchjob.yaml"},
+}
+
+
+def expected_files(package: str, include_ci: str = "yes", cluster: str = "none") -> set[str]:
     """Return the exact file set a bake with these answers must produce."""
     files = EXPECTED_FILES if include_ci == "yes" else EXPECTED_FILES - CI_FILES
-    return {path.replace("PKG", package) for path in files}
+    return {path.replace("PKG", package) for path in files | CLUSTER_FILES[cluster]}
 
 
 def _combinations() -> list[dict[str, str]]:
@@ -140,7 +148,7 @@ def _pyproject(baked) -> dict:
 
 def assert_exact_files(baked) -> None:
     """Fail unless the bake holds exactly the expected files, naming the missing and unexpected."""
-    expected = expected_files(baked.package, baked.context["include_ci"])
+    expected = expected_files(baked.package, baked.context["include_ci"], baked.context["cluster"])
     actual = project_files(baked.path)
     missing, unexpected = sorted(expected - actual), sorted(actual - expected)
     assert not missing and not unexpected, f"missing: {missing}; unexpected: {unexpected}"
