@@ -37,6 +37,21 @@ RESERVED_PACKAGE_NAMES = frozenset(
         "pytest",
         "test",
         "tests",
+        # torch's own dependencies: shadowing one breaks `import torch` itself
+        "sympy",
+        "mpmath",
+        "filelock",
+        "jinja2",
+        "markupsafe",
+        "networkx",
+        "fsspec",
+        "typing_extensions",
+        "triton",
+        "packaging",
+        "pkg_resources",
+        "pip",
+        "nvidia",
+        "cookiecutter",
     }
 )
 

@@ -38,6 +38,8 @@ def test_valid_package_names_are_accepted(pre_gen, name):
         ("yaml", "shadow"),
         ("pil", "shadow"),
         ("wandb", "shadow"),
+        ("sympy", "shadow"),
+        ("filelock", "shadow"),
     ],
 )
 def test_bad_package_names_are_refused_with_a_reason(pre_gen, name, reason):

@@ -113,6 +113,24 @@ def test_pickle_payload_is_refused_and_never_runs(tmp_path, monkeypatch):
     assert not (tmp_path / "PWNED").exists()
 
 
+def test_random_bytes_are_called_corrupt_not_malicious(tmp_path):
+    """A file of random bytes is reported as corrupt, not as a refused pickle."""
+    path = tmp_path / "step_00000001.pt"
+    path.write_bytes(bytes(range(256)) * 8)
+    with pytest.raises(CheckpointError, match="unreadable, truncated or corrupt"):
+        load_checkpoint(path)
+
+
+def test_stale_temporary_files_are_removed(tmp_path):
+    """Temporary files of a killed save are deleted; finished checkpoints stay."""
+    from {{ cookiecutter.package_name }}.checkpoint import remove_stale_temporaries
+
+    good = save_checkpoint(tmp_path, _state(1), step=1, keep_last=3)
+    (tmp_path / ".step_00000002.pt.tmp-999").write_bytes(b"half")
+    remove_stale_temporaries(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [good.name]
+
+
 def test_prefixes_of_wrapped_and_compiled_models_are_stripped(tmp_path):
     """module. (DDP) and _orig_mod. (torch.compile) prefixes load into a plain model."""
     plain = nn.Linear(3, 2).state_dict()

@@ -51,6 +51,8 @@ def test_later_sources_win(tmp_path):
         (["data.name=imagefolder", "data.root=/nonexistent"], "has no train/ folder"),
         (["trainer.resume=/nonexistent.pt"], "trainer.resume='/nonexistent.pt': no such file"),
         (["trainer.max_epochs"], "write it as key=value"),
+        (["run.seed=-5"], "run.seed=-5 must be between 0 and 2**31 - 1"),
+        (["optim.lr=nan"], "optim.lr=nan must be a finite number"),
     ],
 )
 def test_bad_configuration_is_refused_with_the_key_named(overrides, expected):

@@ -67,6 +67,14 @@ def save_checkpoint(directory: Path, state: dict, step: int, keep_last: int) -> 
     return path
 
 
+def remove_stale_temporaries(directory: Path) -> None:
+    """Delete temporary files a killed save left behind (never a finished checkpoint)."""
+    directory = Path(directory)
+    if directory.is_dir():
+        for tmp in directory.glob(".step_*.tmp-*"):
+            tmp.unlink(missing_ok=True)
+
+
 def list_checkpoints(directory: Path) -> list[Path]:
     """Finished checkpoints in directory, oldest first (temporary files are ignored)."""
     directory = Path(directory)
@@ -81,8 +89,11 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
-        reason = str(err).strip().splitlines()[0]
-        raise CheckpointError(f"{path}: refused, it holds more than tensors and plain types ({reason})") from None
+        if "global" not in str(err).lower():  # random bytes fail the unpickler too, but are not code
+            raise CheckpointError(f"{path}: unreadable, truncated or corrupt (not a torch checkpoint)") from None
+        culprit = re.search(r"[Uu]nsupported global: GLOBAL ([\w.]+)", str(err))
+        what = f" ({culprit[1]})" if culprit else ""
+        raise CheckpointError(f"{path}: refused, it holds code or objects{what}, not only tensors and data") from None
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         reason = str(err).strip().splitlines()[0]
         raise CheckpointError(f"{path}: unreadable, truncated or corrupt ({reason})") from None
@@ -111,7 +122,10 @@ def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
     """Model weights from a .safetensors file, a state_dict .pt file or a training checkpoint."""
     path = Path(path)
     if path.suffix == ".safetensors":
-        weights = load_file(str(path))
+        try:
+            weights = load_file(str(path))
+        except Exception as err:  # safetensors raises its own error types for bad headers
+            raise CheckpointError(f"{path}: not a valid safetensors file ({str(err).strip()[:200]})") from None
     else:
         try:
             weights = torch.load(path, map_location="cpu", weights_only=True)

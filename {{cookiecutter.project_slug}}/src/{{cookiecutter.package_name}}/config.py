@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import inspect
 import itertools
+import math
 import re
 import textwrap
 from dataclasses import dataclass, field
@@ -75,7 +76,7 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     name: str = "resnet18"
-    """Any torchvision classification model, e.g. resnet18, resnet50, convnext_tiny, vit_b_16."""
+    """A torchvision classification model: resnet18, resnet50, convnext_tiny, ... (ViTs need 224x224 images)."""
     norm: str = "batch"
     """ResNets only: batch (BatchNorm) or group (GroupNorm, independent of batch size)."""
     small_input: bool = True
@@ -264,6 +265,11 @@ def validate(cfg: Config) -> None:
     for key in AT_LEAST_ONE:
         if _get(cfg, key) < 1:
             raise ConfigError(f"{key}={_get(cfg, key)} must be at least 1")
+    if not 0 <= cfg.run.seed < 2**31:
+        raise ConfigError(f"run.seed={cfg.run.seed} must be between 0 and 2**31 - 1")
+    for key in ("optim.lr", "optim.weight_decay", "optim.min_lr_ratio", "trainer.grad_clip"):
+        if not math.isfinite(_get(cfg, key)):
+            raise ConfigError(f"{key}={_get(cfg, key)} must be a finite number")
     if cfg.data.num_workers < 0:
         raise ConfigError(f"data.num_workers={cfg.data.num_workers} must be 0 or more")
     if cfg.trainer.max_steps is not None and cfg.trainer.max_steps < 1:

@@ -123,8 +123,32 @@ def _imagefolder(cfg, train_tf, val_tf):
     return train_set, val_set
 
 
+class SeededAugmentation(Dataset):
+    """Random transforms seeded by (seed, epoch, sample index) instead of by worker or iterator state.
+
+    A resumed run, another num_workers or another number of processes augments every sample of
+    every epoch exactly as an uninterrupted run would. Items are fetched by (epoch, index) keys,
+    which ResumableSampler yields.
+    """
+
+    def __init__(self, dataset: Dataset, seed: int):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, index = key
+        with torch.random.fork_rng(devices=[]):  # leaves the caller's RNG stream untouched
+            torch.manual_seed(((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63)
+            return self.dataset[index]
+
+
 class ResumableSampler(DistributedSampler):
-    """DistributedSampler (shuffled by seed and epoch) that can start part-way into an epoch."""
+    """DistributedSampler (shuffled by seed and epoch) that can start part-way into an epoch.
+
+    It yields (epoch, index) keys for SeededAugmentation.
+    """
 
     def __init__(self, dataset, num_replicas=1, rank=0, seed=0):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
@@ -136,7 +160,7 @@ class ResumableSampler(DistributedSampler):
         self.start = samples_done
 
     def __iter__(self):
-        return iter(list(super().__iter__())[self.start :])
+        return iter([(self.epoch, index) for index in list(super().__iter__())[self.start :]])
 
     def __len__(self):
         return self.num_samples - self.start
@@ -167,13 +191,19 @@ def build_train_loader(cfg: DataConfig, train_set, *, seed, rank=0, world_size=1
             f"data.batch_size={cfg.batch_size} is larger than the {len(sampler)} training samples each "
             f"of the {world_size} process(es) gets; lower data.batch_size"
         )
-    generator = torch.Generator().manual_seed(seed + rank)  # worker seeds, drawn per epoch
+    generator = torch.Generator().manual_seed(seed + rank)  # seeds python/numpy in the workers
     return DataLoader(
-        train_set, sampler=sampler, drop_last=True, generator=generator, **_loader_options(cfg, pin_memory)
+        SeededAugmentation(train_set, seed),
+        sampler=sampler,
+        drop_last=True,
+        generator=generator,
+        **_loader_options(cfg, pin_memory),
     )
 
 
 def build_val_loader(cfg: DataConfig, val_set, *, rank=0, world_size=1, pin_memory=False) -> DataLoader:
     """Never shuffled; process r takes samples r, r+W, r+2W, ... so each is counted exactly once."""
+    if len(val_set) < world_size:
+        raise ConfigError(f"the validation set has {len(val_set)} samples, fewer than the {world_size} processes")
     shard = Subset(val_set, range(rank, len(val_set), world_size))
     return DataLoader(shard, shuffle=False, drop_last=False, **_loader_options(cfg, pin_memory))

@@ -57,8 +57,9 @@ def setup(cfg: Config) -> DistEnv:
     """Read the launcher's variables, pick this process's device and join the process group."""
     world_size = _env_int("WORLD_SIZE", 1)
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
-    if world_size > 1 and ("MASTER_ADDR" not in os.environ or "MASTER_PORT" not in os.environ):
-        raise ConfigError("WORLD_SIZE > 1 but MASTER_ADDR/MASTER_PORT are not set; start with torchrun")
+    missing = [name for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if world_size > 1 and missing:
+        raise ConfigError(f"WORLD_SIZE={world_size} but {', '.join(missing)} not set; start with torchrun")
     if torch.cuda.is_available() and cfg.run.device != "cpu":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
@@ -174,6 +175,21 @@ def all_gather_object(obj) -> list:
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, obj)
     return gathered
+
+
+def max_over_ranks(value: int, device: torch.device) -> int:
+    """The largest value any process holds (the value itself for one process)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    tensor = torch.tensor(value, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor.item())
+
+
+def without_ddp(model: nn.Module) -> nn.Module:
+    """The module inside DDP: evaluation needs no gradient sync, and DDP's forward broadcasts buffers."""
+    inner = getattr(model, "_orig_mod", model)
+    return inner.module if isinstance(inner, DistributedDataParallel) else model
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:

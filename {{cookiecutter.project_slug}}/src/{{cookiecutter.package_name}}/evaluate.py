@@ -44,8 +44,15 @@ def evaluate_model(model: nn.Module, loader, device: torch.device, precision: st
     model.eval()
     channels_last = next(model.parameters()).is_contiguous(memory_format=torch.channels_last)
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, samples
+    rounds = distributed.max_over_ranks(len(loader), device)  # FSDP forwards are collectives: run as many
+    batches, images = iter(loader), None
     with torch.no_grad(), autocast(device, precision):
-        for images, targets in loader:
+        for _ in range(rounds):
+            batch = next(batches, None)
+            if batch is None:
+                model(images)  # keeps step with processes that have one more batch; not counted
+                continue
+            images, targets = batch
             images = images.to(device, non_blocking=True)
             if channels_last:
                 images = images.contiguous(memory_format=torch.channels_last)
@@ -95,8 +102,15 @@ def load_model_weights(model: nn.Module, weights: dict, source: Path) -> None:
     try:
         model.load_state_dict(strip_prefixes(weights))
     except RuntimeError as err:
-        reason = str(err).strip().splitlines()[0]
-        raise CheckpointError(f"{source}: does not fit the configured model ({reason})") from None
+        raise CheckpointError(f"{source}: does not fit the configured model ({mismatch(err)})") from None
+
+
+def mismatch(err: Exception) -> str:
+    """The informative part of torch's state-dict error: the first missing, unexpected or mis-sized key."""
+    for line in str(err).splitlines():
+        if "Missing key" in line or "Unexpected key" in line or "size mismatch" in line:
+            return line.strip()[:240]
+    return str(err).strip().splitlines()[-1][:240]
 
 
 def main(argv: list[str] | None = None) -> int:

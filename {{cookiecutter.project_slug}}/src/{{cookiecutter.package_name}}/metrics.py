@@ -85,6 +85,14 @@ class MetricsLogger:
             self.tracker.close()
 
 
+def truncate_metrics(output_dir: Path, step: int) -> None:
+    """Drop records logged after `step`: a resumed run logs them again from its checkpoint."""
+    path = Path(output_dir) / "metrics.jsonl"
+    if path.exists():
+        kept = [line for line in path.read_text(encoding="utf-8").splitlines() if json.loads(line)["step"] <= step]
+        path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+
+
 def read_metrics(output_dir: Path) -> list[dict]:
     """All records of output_dir/metrics.jsonl."""
     lines = (Path(output_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
@@ -121,14 +129,20 @@ class _Wandb:
         id_file = output_dir / "wandb_run_id"  # a resumed run continues the same wandb run
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(6)
         id_file.write_text(run_id)
-        self.run = wandb.init(
-            project=cfg.project or __package__,
-            name=cfg.run_name or output_dir.name,
-            id=run_id,
-            resume="allow",
-            dir=str(output_dir),
-            config=config,
-        )
+        try:
+            self.run = wandb.init(
+                project=cfg.project or __package__,
+                name=cfg.run_name or output_dir.name,
+                id=run_id,
+                resume="allow",
+                dir=str(output_dir),
+                config=config,
+            )
+        except Exception as err:  # wandb raises many types (no API key, network, permissions)
+            raise ConfigError(
+                f"tracker.name=wandb could not start ({str(err).strip().splitlines()[0]}); run `wandb login`, "
+                "set WANDB_API_KEY, or WANDB_MODE=offline (or tracker.name=none)"
+            ) from None
 
     def log(self, metrics: dict, step: int) -> None:
         self.run.log(metrics, step=step)

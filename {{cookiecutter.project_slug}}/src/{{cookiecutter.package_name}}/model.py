@@ -28,7 +28,7 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
         model = torchvision.models.get_model(cfg.name, weights=None, **kwargs)
     except (ValueError, KeyError):
         raise ConfigError(
-            f"model.name={cfg.name!r} is not a torchvision model; try resnet18, resnet50, convnext_tiny, "
+            f"model.name={cfg.name!r} is not a torchvision model; try resnet18, resnet50, efficientnet_b0, "
             "or see torchvision.models.list_models(module=torchvision.models)"
         ) from None
     if cfg.small_input and isinstance(model, torchvision.models.ResNet):

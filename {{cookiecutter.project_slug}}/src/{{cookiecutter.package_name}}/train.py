@@ -35,6 +35,7 @@ from .checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    remove_stale_temporaries,
     rng_state,
     save_checkpoint,
     save_weights,
@@ -42,8 +43,8 @@ from .checkpoint import (
 )
 from .config import Config, ConfigError, OptimConfig, error_line, load_config, parse_args, to_dict, to_yaml
 from .data import build_datasets, build_train_loader, build_val_loader
-from .evaluate import autocast, evaluate_model
-from .metrics import MetricsLogger, SampleMean
+from .evaluate import autocast, evaluate_model, mismatch
+from .metrics import MetricsLogger, SampleMean, truncate_metrics
 from .model import build_model, classification_loss, train_mode
 
 log = logging.getLogger(__package__)
@@ -132,13 +133,12 @@ def check_resumable(progress: Progress, global_batch: int, path: Path) -> None:
         )
 
 
-def check_finite(loss: float, step: int, precision: str) -> None:
-    """Stop with the usual remedies when the loss is NaN or infinite."""
+def check_finite(name: str, loss: float, step: int, precision: str) -> None:
+    """Stop with the usual remedies when a loss is NaN or infinite."""
     if not math.isfinite(loss):
         hint = "use bf16 instead of fp16, " if precision == "fp16" else ""
         raise Diverged(
-            f"train/loss is {loss} at step {step}; {hint}lower optim.lr, keep trainer.grad_clip on, "
-            "or check the input data"
+            f"{name} is {loss} at step {step}; {hint}lower optim.lr, keep trainer.grad_clip on, or check the input data"
         )
 
 
@@ -156,6 +156,13 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING, format="%(asctime)s %(message)s")
     use_deterministic_kernels(cfg.run.deterministic)
     seed_everything(cfg.run.seed)  # the same initial weights on every rank: FSDP does not broadcast them
+
+    if env.is_main:
+        try:
+            output_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise ConfigError(f"run.output_dir={str(output_dir)!r} cannot be created ({err.strerror})") from None
+        remove_stale_temporaries(output_dir / "checkpoints")
 
     # Data: each process gets its own slice; the global batch is batch_size x world_size x accum.
     train_set, val_set, num_classes = build_datasets(cfg.data)
@@ -210,17 +217,17 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
         try:
             distributed.load_full_state(model, optimizer, state["model"], state["optimizer"])
         except (RuntimeError, KeyError, ValueError) as err:
-            reason = str(err).strip().splitlines()[0]
-            raise CheckpointError(f"{path}: does not fit the configured model ({reason})") from None
+            raise CheckpointError(f"{path}: does not fit the configured model ({mismatch(err)})") from None
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         if env.rank < len(state["ranks"]):  # a new rank (more processes than before) keeps its fresh seed
             set_rng_state(state["ranks"][env.rank]["rng"])
             train_loader.generator.set_state(state["ranks"][env.rank]["loader"])
+        if env.is_main:
+            truncate_metrics(output_dir, progress.step)  # lines logged after this checkpoint are redone
         log.info("resumed from %s at step %d, epoch %d", path, progress.step, progress.epoch)
 
     if env.is_main:
-        output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / "config.yaml").write_text(to_yaml(cfg))
     logger = MetricsLogger(output_dir, cfg.tracker, to_dict(cfg), enabled=env.is_main)
     running = SampleMean()
@@ -259,6 +266,7 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
                 if tcfg.grad_clip > 0:
                     scaler.unscale_(optimizer)
                     nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+                lr = scheduler.get_last_lr()[0]  # the rate this step uses
                 scaler.step(optimizer)
                 scaler.update()
                 scheduler.step()  # per optimizer step, not per micro-batch
@@ -266,12 +274,12 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
 
                 if progress.step % tcfg.log_every == 0:
                     train_loss = running.global_mean()  # every rank gets it, so all stop together on NaN
-                    check_finite(train_loss, progress.step, tcfg.precision)
+                    check_finite("train/loss", train_loss, progress.step, tcfg.precision)
                     elapsed = time.perf_counter() - started
                     logger.log(
                         {
                             "train/loss": train_loss,
-                            "train/lr": scheduler.get_last_lr()[0],
+                            "train/lr": lr,
                             "perf/samples_per_s": samples * env.world_size / elapsed,
                         },
                         progress.step,
@@ -281,7 +289,8 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
                     running.reset()
                     started, samples = time.perf_counter(), 0
                 if progress.step % tcfg.checkpoint_every == 0:
-                    check_finite(running.mean if running.count else 0.0, progress.step, tcfg.precision)
+                    if running.count:  # the same on every rank: all check, or none does
+                        check_finite("train/loss", running.global_mean(), progress.step, tcfg.precision)
                     save()
                 if progress.step >= total_steps:
                     break
@@ -289,7 +298,8 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
             if progress.samples_done >= steps_per_epoch * accum * global_micro:
                 progress.epoch, progress.samples_done = progress.epoch + 1, 0
 
-            val = evaluate_model(model, val_loader, env.device, tcfg.precision)
+            val = evaluate_model(distributed.without_ddp(model), val_loader, env.device, tcfg.precision)
+            check_finite("val/loss", val["val/loss"], progress.step, tcfg.precision)  # before anything is saved
             if val["val/acc"] > progress.best_acc:
                 progress.best_acc, progress.best_step = val["val/acc"], progress.step
                 weights = distributed.full_model_state(model)
@@ -304,10 +314,9 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
                 val["val/acc"],
                 val["val/samples"],
             )
-            check_finite(val["val/loss"], progress.step, tcfg.precision)
             save()
         if not val:  # resumed a finished run: report its metrics again
-            val = evaluate_model(model, val_loader, env.device, tcfg.precision)
+            val = evaluate_model(distributed.without_ddp(model), val_loader, env.device, tcfg.precision)
     finally:
         logger.close()
     return {**val, "val/best_acc": progress.best_acc, "step": progress.step, "epoch": progress.epoch}
