@@ -35,7 +35,8 @@ def test_baked_project_suite_passes(cookies, context):
     """The baked project's tests pass for the defaults, each tracker and the accelerate launcher."""
     baked = bake(cookies, **context)
     # The accelerate bake also runs the slow launch tests (accelerate launch, two-node c10d).
-    extra = ["-m", "not gpu", "-k", "not compiled and not png"] if context.get("launcher") == "accelerate" else []
+    launch_tests = ["-m", "not gpu", "-k", "not compiled and not png"]
+    extra = launch_tests if context.get("launcher") == "accelerate" else []
     completed = run_baked_tests(baked.path, *extra, timeout=600)
     output = completed.stdout + completed.stderr
     assert completed.returncode == 0, _tail(output)
