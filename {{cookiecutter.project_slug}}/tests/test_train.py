@@ -284,3 +284,15 @@ def test_two_nodes_rendezvous_through_c10d(tiny, run_dir):
     records = read_metrics(run_dir)
     assert [r["step"] for r in records if "val/acc" in r] == [3]  # the data split over 2 processes
     assert [r["val/samples"] for r in records if "val/samples" in r] == [101]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("strategy", "precision"), [("ddp", "bf16"), ("ddp", "fp16"), ("fsdp", "bf16")])
+def test_one_gpu_under_torchrun_with_nccl(tiny, run_dir, strategy, precision):
+    """torchrun with 1 process on a GPU: nccl, DDP (bf16 and fp16) and FSDP2 (bf16) train and validate."""
+    on_gpu = [o for o in tiny if o != "run.device=cpu"]
+    torchrun(1, [*on_gpu, f"distributed.strategy={strategy}", f"trainer.precision={precision}", "trainer.max_epochs=2"])
+    records = read_metrics(run_dir)
+    assert [r["val/samples"] for r in records if "val/samples" in r] == [101, 101]
+    losses = [r["train/loss"] for r in records if "train/loss" in r]
+    assert losses[-1] < losses[0]

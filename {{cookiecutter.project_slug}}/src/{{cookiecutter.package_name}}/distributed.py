@@ -65,7 +65,8 @@ def setup(cfg: Config) -> DistEnv:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    if world_size > 1:
+    launched = "MASTER_ADDR" in os.environ  # by torchrun or accelerate, even with one process
+    if world_size > 1 or (launched and cfg.distributed.strategy in ("ddp", "fsdp")):
         backend = cfg.distributed.backend
         if backend == "auto":
             backend = "nccl" if device.type == "cuda" else "gloo"
@@ -89,8 +90,8 @@ def resolve_strategy(cfg: Config) -> str:
 def wrap_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
     """DDP or FSDP2 (fully_shard per block, then the root) when more than one process trains."""
     strategy = resolve_strategy(cfg)
-    if env.world_size == 1:
-        return model  # nothing to replicate or shard: the same code as N processes, unwrapped
+    if not dist.is_initialized():
+        return model  # one process without a launcher: nothing to replicate or shard
     if strategy == "none":
         raise ConfigError(
             f"distributed.strategy=none with {env.world_size} processes would train independent models; use ddp"

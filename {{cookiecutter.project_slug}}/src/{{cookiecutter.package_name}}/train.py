@@ -176,6 +176,10 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
     if steps_per_epoch == 0:
         raise ConfigError(f"trainer.grad_accum_steps={accum} exceeds the {len(train_loader)} batches of an epoch")
     total_steps = min(steps_per_epoch * tcfg.max_epochs, tcfg.max_steps or math.inf)
+    log.info(
+        "global batch %d = %d per process x %d processes x %d accumulation steps; %d optimizer steps",
+        global_micro * accum, cfg.data.batch_size, env.world_size, accum, total_steps,
+    )  # fmt: skip
 
     # Model on its device first, then the wrappers, then the optimizer over its parameters.
     memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
