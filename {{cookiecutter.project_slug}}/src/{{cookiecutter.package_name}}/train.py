@@ -184,7 +184,7 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
     # Model on its device first, then the wrappers, then the optimizer over its parameters.
     memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
     model = build_model(cfg.model, num_classes).to(env.device, memory_format=memory_format)
-    seed_everything(cfg.run.seed + env.rank)  # from here on each rank draws its own augmentation
+    seed_everything(cfg.run.seed + env.rank)  # per-rank streams (e.g. dropout); augmentation is seeded per sample
     model = distributed.wrap_model(model, cfg, env)
     if cfg.model.compile:
         model = torch.compile(model)
