@@ -330,8 +330,9 @@ def field_docs(cls) -> dict[str, str]:
 
 def help_text(program: str) -> str:
     """Usage plus every key with its default and documentation."""
+    checkpoint = " [--checkpoint PATH]" if not program.endswith(".train") else ""
     lines = [
-        f"usage: python -m {program} [--config FILE.yaml ...] [section.key=value ...]",
+        f"usage: python -m {program}{checkpoint} [--config FILE.yaml ...] [section.key=value ...]",
         "",
         "Keys (default) and meaning:",
     ]

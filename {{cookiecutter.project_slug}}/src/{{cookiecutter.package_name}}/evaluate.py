@@ -76,6 +76,8 @@ def restore_trained(argv: list[str], program: str) -> tuple[Config, Path, dict, 
             checkpoint_arg = next(args, None)
             if checkpoint_arg is None:
                 raise ConfigError("--checkpoint needs a file name")
+        elif arg.startswith("--checkpoint="):
+            checkpoint_arg = arg.split("=", 1)[1]
         else:
             rest.append(arg)
     files, overrides = parse_args(rest, program)
