@@ -146,7 +146,9 @@ def train(cfg: Config) -> dict:
     """Train as configured and return the final validation metrics."""
     env = distributed.setup(cfg)
     try:
-        return fit(cfg, env)
+        result = fit(cfg, env)
+        distributed.barrier()  # every rank is done with every collective before the group goes away
+        return result
     finally:
         distributed.teardown()
 
