@@ -74,9 +74,14 @@ def setup(cfg: Config) -> DistEnv:
     return DistEnv(rank, local_rank, world_size, device)
 
 
+def joined() -> bool:
+    """Whether this process is part of a process group (False for one process without a launcher)."""
+    return dist.is_available() and dist.is_initialized()
+
+
 def teardown() -> None:
     """Leave the process group (safe to call when none was joined)."""
-    if dist.is_available() and dist.is_initialized():
+    if joined():
         dist.destroy_process_group()
 
 
@@ -90,7 +95,7 @@ def resolve_strategy(cfg: Config) -> str:
 def wrap_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
     """DDP or FSDP2 (fully_shard per block, then the root) when more than one process trains."""
     strategy = resolve_strategy(cfg)
-    if not dist.is_initialized():
+    if not joined():
         return model  # one process without a launcher: nothing to replicate or shard
     if strategy == "none":
         raise ConfigError(
@@ -137,13 +142,6 @@ def gradient_sync(model: nn.Module, enabled: bool):
     return contextlib.nullcontext()
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain model inside torch.compile and DDP wrappers (its state_dict has clean keys)."""
-    model = getattr(model, "_orig_mod", model)
-    model = getattr(model, "module", model) if isinstance(model, DistributedDataParallel) else model
-    return getattr(model, "_orig_mod", model)
-
-
 FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
 
@@ -171,7 +169,7 @@ def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights:
 
 def all_gather_object(obj) -> list:
     """obj from every process, in rank order ([obj] for one process)."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not joined():
         return [obj]
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, obj)
@@ -180,7 +178,7 @@ def all_gather_object(obj) -> list:
 
 def max_over_ranks(value: int, device: torch.device) -> int:
     """The largest value any process holds (the value itself for one process)."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not joined():
         return value
     tensor = torch.tensor(value, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
@@ -195,12 +193,12 @@ def without_ddp(model: nn.Module) -> nn.Module:
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     """Sum a tensor over all processes in place (no-op for one process)."""
-    if dist.is_available() and dist.is_initialized():
+    if joined():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
 
 
 def barrier() -> None:
     """Wait for every process (no-op for one process)."""
-    if dist.is_available() and dist.is_initialized():
+    if joined():
         dist.barrier()
