@@ -1,7 +1,9 @@
-"""Checkpoints: complete training state, written atomically, loaded with weights_only=True.
+"""Checkpoints: complete training state, written atomically, verified, loaded with weights_only=True.
 
-A checkpoint is checkpoints/step_<N>.pt. It is written under a temporary name, fsynced and renamed,
-so a crash mid-save leaves the previous checkpoints untouched and never a half-written newest one.
+A checkpoint is checkpoints/step_<N>.pt. It is written under a temporary name, checked against the
+CRC-32 of every record, fsynced and renamed, so a crash mid-save leaves the previous checkpoints
+untouched and never a half-written newest one. Loading checks the CRCs again, so a file damaged
+on disk later is reported as corrupt instead of loading wrong numbers.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import pickle
 import random
 import re
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -40,12 +43,31 @@ def strip_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tenso
     return clean
 
 
-def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Call write(tmp_path), fsync it, then rename it to path (and fsync the folder)."""
+def verify(path: Path) -> None:
+    """Raise CheckpointError unless every record of a torch zip file matches its CRC-32.
+
+    torch.load does not check the CRCs, so a flipped bit would otherwise load as a wrong weight.
+    Files that are not zip archives are left to torch.load to judge.
+    """
+    if not zipfile.is_zipfile(path):
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as err:
+        raise CheckpointError(f"{path}: unreadable, truncated or corrupt ({err})") from None
+    if bad is not None:
+        raise CheckpointError(f"{path}: corrupt, record {bad} does not match its CRC-32")
+
+
+def atomic_write(path: Path, write: Callable[[Path], None], check: Callable[[Path], None] | None = None) -> None:
+    """Call write(tmp_path), check it, fsync it, then rename it to path (and fsync the folder)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
+        if check:
+            check(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -58,13 +80,31 @@ def atomic_write(path: Path, write: Callable[[Path], None]) -> None:
         os.close(fd)
 
 
+def step_of(path: Path) -> int:
+    """The optimizer step in a checkpoint's name."""
+    return int(CHECKPOINT_NAME.match(path.name).group(1))
+
+
 def save_checkpoint(directory: Path, state: dict, step: int, keep_last: int) -> Path:
-    """Write state as directory/step_<step>.pt atomically and delete all but the newest keep_last."""
+    """Write state as directory/step_<step>.pt atomically, verify it, then prune older checkpoints.
+
+    Only once the new file is verified and in place are the oldest deleted, leaving keep_last in
+    all: the newest good checkpoint is never the one pruned.
+    """
     path = Path(directory) / f"step_{step:08d}.pt"
-    atomic_write(path, lambda tmp: torch.save(state, tmp))
-    for old in list_checkpoints(directory)[:-keep_last]:
+    atomic_write(path, lambda tmp: torch.save(state, tmp), check=verify)
+    older = [p for p in list_checkpoints(directory) if step_of(p) < step]
+    for old in older[: max(0, len(older) - (keep_last - 1))]:
         old.unlink(missing_ok=True)
     return path
+
+
+def move_aside(paths: list[Path], reason: str) -> None:
+    """Rename checkpoints to <name>.<reason> so resume never picks them (nothing is deleted)."""
+    for path in paths:
+        target = path.with_name(f"{path.name}.{reason}")
+        path.rename(target)
+        log.warning("moved %s aside to %s: %s", path.name, target.name, reason)
 
 
 def remove_stale_temporaries(directory: Path) -> None:
@@ -81,11 +121,12 @@ def list_checkpoints(directory: Path) -> list[Path]:
     if not directory.is_dir():
         return []
     found = [p for p in directory.iterdir() if CHECKPOINT_NAME.match(p.name)]
-    return sorted(found, key=lambda p: int(CHECKPOINT_NAME.match(p.name).group(1)))
+    return sorted(found, key=step_of)
 
 
 def load_checkpoint(path: Path, map_location="cpu") -> dict:
     """Load a checkpoint with weights_only=True: tensors and plain types only, never arbitrary code."""
+    verify(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:

@@ -118,11 +118,13 @@ class TrainerConfig:
     checkpoint_every: int = 500
     """Optimizer steps between checkpoints (one is also written after every epoch)."""
     keep_last: int = 3
-    """Checkpoints kept in output_dir/checkpoints (older ones are deleted)."""
+    """Checkpoints kept in output_dir/checkpoints; older ones are deleted once a newer one is verified."""
     resume: str = "auto"
-    """auto (newest valid checkpoint in output_dir, if any), never, or the path of a checkpoint."""
+    """auto (newest valid checkpoint in output_dir, if any), never, or a checkpoint path; later ones are renamed."""
     log_every: int = 20
     """Optimizer steps between train/loss lines in metrics.jsonl."""
+    detect_anomaly: bool = False
+    """Autograd anomaly detection: a NaN names the operation that made it (slow; for debugging only)."""
 
 
 @dataclass

@@ -8,6 +8,7 @@ strided slices, so across all processes every validation sample is counted exact
 from __future__ import annotations
 
 import random
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -167,7 +168,13 @@ class ResumableSampler(DistributedSampler):
 
 
 def seed_worker(worker_id: int) -> None:
-    """Seed python and numpy in each DataLoader worker from the seed torch gave it."""
+    """Seed python and numpy in each DataLoader worker; leave stop signals to the training process.
+
+    Schedulers signal every process of a job; a worker killed by SIGTERM or SIGUSR1 would crash
+    the step that preemption is waiting to finish. Workers still exit when the trainer does.
+    """
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)

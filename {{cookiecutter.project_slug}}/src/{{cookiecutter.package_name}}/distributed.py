@@ -176,6 +176,15 @@ def all_gather_object(obj) -> list:
     return gathered
 
 
+def broadcast_object(obj):
+    """Rank 0's obj on every process (obj itself for one process)."""
+    if not joined():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def max_over_ranks(value: int, device: torch.device) -> int:
     """The largest value any process holds (the value itself for one process)."""
     if not joined():

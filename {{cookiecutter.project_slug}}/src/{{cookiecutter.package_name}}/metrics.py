@@ -48,6 +48,14 @@ class SampleMean:
     def reset(self) -> None:
         self.total, self.count = 0.0, 0
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps, so a window of logged losses spanning a resume comes out the same."""
+        total = self.total.detach().cpu() if torch.is_tensor(self.total) else torch.tensor(self.total)
+        return {"total": total, "count": self.count}
+
+    def load_state_dict(self, state: dict, device: torch.device) -> None:
+        self.total, self.count = state["total"].to(device), state["count"]
+
 
 class MetricsLogger:
     """Appends one JSON object per call to output_dir/metrics.jsonl and forwards it to the tracker.

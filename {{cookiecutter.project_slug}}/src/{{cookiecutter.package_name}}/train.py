@@ -8,7 +8,12 @@
         -m PACKAGE.train --config configs/default.yaml          # on each node (and from SLURM)
 
 Resume: run the same command again; trainer.resume=auto continues from the newest valid
-checkpoint in run.output_dir. `python -m PACKAGE.train --help` lists every key.
+checkpoint in run.output_dir, bit-exact. SIGTERM or SIGUSR1 stops after the current optimizer
+step with a checkpoint and exit status 75 (see preemption.py). `python -m PACKAGE.train --help`
+lists every key.
+
+Exit status: 0 done, 1 failed (diverged, out of memory, a peer hung or died), 2 bad configuration,
+data or checkpoint, 75 stopped by a signal after writing a checkpoint (run the same command again).
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 from . import distributed
@@ -35,23 +42,26 @@ from .checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    move_aside,
     remove_stale_temporaries,
     rng_state,
     save_checkpoint,
     save_weights,
     set_rng_state,
+    step_of,
 )
 from .config import Config, ConfigError, OptimConfig, error_line, load_config, parse_args, to_dict, to_yaml
 from .data import build_datasets, build_train_loader, build_val_loader
 from .evaluate import autocast, evaluate_model, mismatch
 from .metrics import MetricsLogger, SampleMean, truncate_metrics
 from .model import build_model, classification_loss, train_mode
+from .preemption import PREEMPTED_EXIT, Preempted, StopRequest
 
 log = logging.getLogger(__package__)
 
 
 class Diverged(RuntimeError):
-    """The loss became NaN or infinite; nothing non-finite is ever checkpointed."""
+    """The loss or gradient norm became NaN or infinite; nothing non-finite is ever checkpointed."""
 
 
 @dataclass
@@ -63,6 +73,7 @@ class Progress:
     samples_done: int = 0  # samples all processes together consumed in the current epoch
     best_acc: float = -1.0
     best_step: int = -1
+    skipped_steps: int = 0  # fp16 steps the gradient scaler skipped (inf/NaN gradients)
 
     def state_dict(self) -> dict:
         return asdict(self)
@@ -108,19 +119,41 @@ def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def resume_state(cfg: Config, checkpoints: Path) -> tuple[Path, dict] | None:
-    """The checkpoint to continue from: trainer.resume=auto takes the newest valid one."""
+def resume_state(cfg: Config, checkpoints: Path, is_main: bool) -> tuple[Path, dict] | None:
+    """The checkpoint to continue from: trainer.resume=auto takes the newest valid one.
+
+    Rank 0 chooses and tells the others, so every rank continues from the same file.
+    """
     if cfg.trainer.resume == "never":
         return None
     if cfg.trainer.resume != "auto":
         return Path(cfg.trainer.resume), load_checkpoint(Path(cfg.trainer.resume))
-    found = latest_checkpoint(checkpoints)
-    if found is None and list_checkpoints(checkpoints):
-        raise CheckpointError(
-            f"{checkpoints}: checkpoints exist but none loads; refusing to restart from step 0 "
-            "(move them away or set trainer.resume=never)"
-        )
-    return found
+    found, choice = None, ("none", "")
+    if is_main:
+        try:
+            found = latest_checkpoint(checkpoints)
+            choice = ("path", str(found[0])) if found else ("none", "")
+            if found is None and list_checkpoints(checkpoints):
+                choice = ("error", f"{checkpoints}: checkpoints exist but none loads; refusing to restart from "
+                          "step 0 (move them away or set trainer.resume=never)")  # fmt: skip
+        except CheckpointError as err:
+            choice = ("error", str(err))
+    kind, value = distributed.broadcast_object(choice)
+    if kind == "error":
+        raise CheckpointError(value)
+    if kind == "none":
+        return None
+    return found or (Path(value), load_checkpoint(Path(value)))
+
+
+def set_aside_later_checkpoints(checkpoints: Path, start_step: int, resume: str) -> None:
+    """Checkpoints after the step this run starts from are not its own: rename them, never delete.
+
+    With trainer.resume=auto they are the ones that failed to load; otherwise they belong to the
+    run this one replaces. Left in place, a later auto-resume would jump back to them.
+    """
+    later = [p for p in list_checkpoints(checkpoints) if step_of(p) > start_step]
+    move_aside(later, "corrupt" if resume == "auto" else "superseded")
 
 
 def check_resumable(progress: Progress, global_batch: int, path: Path) -> None:
@@ -133,28 +166,57 @@ def check_resumable(progress: Progress, global_batch: int, path: Path) -> None:
         )
 
 
+REMEDIES = (
+    "lower optim.lr, keep trainer.grad_clip on, check the input data, "
+    "or find the operation with trainer.detect_anomaly=true"
+)
+
+
 def check_finite(name: str, loss: float, step: int, precision: str) -> None:
     """Stop with the usual remedies when a loss is NaN or infinite."""
     if not math.isfinite(loss):
         hint = "use bf16 instead of fp16, " if precision == "fp16" else ""
-        raise Diverged(
-            f"{name} is {loss} at step {step}; {hint}lower optim.lr, keep trainer.grad_clip on, or check the input data"
-        )
+        raise Diverged(f"{name} is {loss} at step {step}; {hint}{REMEDIES}")
+
+
+def gradient_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """The global gradient norm over all processes, clipped to max_norm when > 0 (a device tensor)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if max_norm > 0:
+        norm = nn.utils.clip_grad_norm_(params, max_norm)
+    else:
+        norm = nn.utils.get_total_norm([p.grad for p in params])
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm  # FSDP: summed over the shards
+
+
+def step_if_finite(optimizer: torch.optim.Optimizer, nonfinite: torch.Tensor) -> None:
+    """optimizer.step(), skipped on the device when nonfinite is true: no host sync per step.
+
+    This is the protocol GradScaler uses with fused optimizers: a found_inf flag makes the fused
+    AdamW kernel leave weights, moments and step count untouched.
+    """
+    optimizer.found_inf = nonfinite.float()
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf
 
 
 def train(cfg: Config) -> dict:
     """Train as configured and return the final validation metrics."""
     env = distributed.setup(cfg)
     try:
-        result = fit(cfg, env)
+        with StopRequest() as stop, torch.autograd.set_detect_anomaly(cfg.trainer.detect_anomaly):
+            result = fit(cfg, env, stop)
         distributed.barrier()  # every rank is done with every collective before the group goes away
         return result
     finally:
         distributed.teardown()
 
 
-def fit(cfg: Config, env: distributed.DistEnv) -> dict:
+def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     output_dir, tcfg = Path(cfg.run.output_dir), cfg.trainer
+    checkpoints = output_dir / "checkpoints"
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING, format="%(asctime)s %(message)s")
     use_deterministic_kernels(cfg.run.deterministic)
     seed_everything(cfg.run.seed)  # the same initial weights on every rank: FSDP does not broadcast them
@@ -164,7 +226,7 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
             output_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise ConfigError(f"run.output_dir={str(output_dir)!r} cannot be created ({err.strerror})") from None
-        remove_stale_temporaries(output_dir / "checkpoints")
+        remove_stale_temporaries(checkpoints)
 
     # Data: each process gets its own slice; the global batch is batch_size x world_size x accum.
     train_set, val_set, num_classes = build_datasets(cfg.data)
@@ -197,11 +259,28 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     scaler = torch.amp.GradScaler(env.device.type, enabled=tcfg.precision == "fp16")  # fp16 only
     progress = Progress()
+    running = SampleMean()  # train/loss since the last log line
+    nonfinite = torch.zeros((), dtype=torch.int64, device=env.device)  # steps with an inf/NaN gradient norm
+    first_nonfinite = torch.full((), -1, dtype=torch.int64, device=env.device)
+
+    def check_updates() -> None:
+        """At log and save time only (a host sync): stop if any update was non-finite (fp16: count it)."""
+        if scaler.is_enabled():  # the scaler skipped those steps and lowered its scale: expected in fp16
+            progress.skipped_steps += int(nonfinite.item())
+            nonfinite.zero_()
+        elif (bad := int(first_nonfinite.item())) >= 0:
+            raise Diverged(f"the gradient norm is not finite at step {bad} (that update was skipped; nothing "
+                           f"non-finite was saved); {REMEDIES}")  # fmt: skip
 
     def save() -> None:
+        check_updates()  # never checkpoint a state that went non-finite
+        if running.count:  # the same on every rank: all check, or none does
+            check_finite("train/loss", running.global_mean(), progress.step, tcfg.precision)
         weights = distributed.full_model_state(model)  # every rank joins the gathers
         optim_state = distributed.full_optimizer_state(model, optimizer)
-        per_rank = distributed.all_gather_object({"rng": rng_state(), "loader": train_loader.generator.get_state()})
+        mine = {"rng": rng_state(), "loader": train_loader.generator.get_state(), "running": running.state_dict()}
+        per_rank = distributed.all_gather_object(mine)
+        error = None
         if env.is_main:
             state = {
                 "model": weights,
@@ -212,10 +291,17 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
                 "ranks": per_rank,
                 "config": to_dict(cfg),
             }
-            save_checkpoint(output_dir / "checkpoints", state, progress.step, tcfg.keep_last)
-        distributed.barrier()  # a checkpoint counts once it is complete, before anyone moves on
+            try:
+                save_checkpoint(checkpoints, state, progress.step, tcfg.keep_last)
+            except (OSError, CheckpointError) as err:
+                error = (
+                    f"could not write the step {progress.step} checkpoint in {checkpoints} ({err}); older ones are kept"
+                )
+        error = distributed.broadcast_object(error)  # it counts once written and verified; all ranks learn it
+        if error:
+            raise CheckpointError(error)
 
-    found = resume_state(cfg, output_dir / "checkpoints")
+    found = resume_state(cfg, checkpoints, env.is_main)
     if found:
         path, state = found
         progress.load_state_dict(state["progress"])
@@ -227,16 +313,20 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         if env.rank < len(state["ranks"]):  # a new rank (more processes than before) keeps its fresh seed
-            set_rng_state(state["ranks"][env.rank]["rng"])
-            train_loader.generator.set_state(state["ranks"][env.rank]["loader"])
+            mine = state["ranks"][env.rank]
+            set_rng_state(mine["rng"])
+            train_loader.generator.set_state(mine["loader"])
+            if len(state["ranks"]) == env.world_size and "running" in mine:
+                running.load_state_dict(mine["running"], env.device)
         if env.is_main:
             truncate_metrics(output_dir, progress.step)  # lines logged after this checkpoint are redone
         log.info("resumed from %s at step %d, epoch %d", path, progress.step, progress.epoch)
+    if env.is_main:
+        set_aside_later_checkpoints(checkpoints, progress.step, tcfg.resume)
 
     if env.is_main:
         (output_dir / "config.yaml").write_text(to_yaml(cfg))
     logger = MetricsLogger(output_dir, cfg.tracker, to_dict(cfg), enabled=env.is_main)
-    running = SampleMean()
     val: dict = {}
     started, samples = time.perf_counter(), 0
     show_bar = env.is_main and sys.stderr.isatty()
@@ -269,35 +359,45 @@ def fit(cfg: Config, env: distributed.DistEnv) -> dict:
                 progress.samples_done += global_micro
                 if not last_micro:
                     continue
-                if tcfg.grad_clip > 0:
-                    scaler.unscale_(optimizer)
-                    nn.utils.clip_grad_norm_(model.parameters(), tcfg.grad_clip)
+                scaler.unscale_(optimizer)  # true gradients for the norm (a no-op unless fp16)
+                grad_norm = gradient_norm(model, tcfg.grad_clip)  # the same on every rank
+                bad = ~torch.isfinite(grad_norm)  # stays on the device; read at log and save time
+                nonfinite.add_(bad)
+                first_nonfinite.copy_(torch.where(bad & (first_nonfinite < 0), progress.step + 1, first_nonfinite))
                 lr = scheduler.get_last_lr()[0]  # the rate this step uses
-                scaler.step(optimizer)
-                scaler.update()
+                if scaler.is_enabled():
+                    scaler.step(optimizer)  # skips the step itself on inf/NaN gradients
+                    scaler.update()
+                else:
+                    step_if_finite(optimizer, bad)
                 scheduler.step()  # per optimizer step, not per micro-batch
                 progress.step += 1
 
                 if progress.step % tcfg.log_every == 0:
+                    check_updates()
                     train_loss = running.global_mean()  # every rank gets it, so all stop together on NaN
                     check_finite("train/loss", train_loss, progress.step, tcfg.precision)
                     elapsed = time.perf_counter() - started
-                    logger.log(
-                        {
-                            "train/loss": train_loss,
-                            "train/lr": lr,
-                            "perf/samples_per_s": samples * env.world_size / elapsed,
-                        },
-                        progress.step,
-                        progress.epoch,
-                    )
+                    metrics = {
+                        "train/loss": train_loss,
+                        "train/lr": lr,
+                        "train/grad_norm": grad_norm.item(),
+                        "perf/samples_per_s": samples * env.world_size / elapsed,
+                    }
+                    if scaler.is_enabled():
+                        metrics["train/skipped_steps"] = progress.skipped_steps
+                    logger.log(metrics, progress.step, progress.epoch)
                     bar.set_postfix(loss=f"{train_loss:.4f}")
                     running.reset()
                     started, samples = time.perf_counter(), 0
-                if progress.step % tcfg.checkpoint_every == 0:
-                    if running.count:  # the same on every rank: all check, or none does
-                        check_finite("train/loss", running.global_mean(), progress.step, tcfg.precision)
+                stopping = stop.poll()  # a signal on any rank stops every rank after this same step
+                if progress.step % tcfg.checkpoint_every == 0 or stopping:
                     save()
+                if stopping:
+                    raise Preempted(
+                        f"stopped by {stop.signal.name if stop.signal else 'a signal to another process'} "
+                        f"after step {progress.step}; checkpoint written in {checkpoints}"
+                    )
                 if progress.step >= total_steps:
                     break
             bar.close()
@@ -337,8 +437,20 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {error_line(err)}", file=sys.stderr)
         return 2
+    except Preempted as err:
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"{err}; run the same command to resume (exit status {PREEMPTED_EXIT})", file=sys.stderr)
+        return PREEMPTED_EXIT
     except Diverged as err:
         print(f"error: {err}", file=sys.stderr)
+        return 1
+    except dist.DistError as err:  # a collective timed out or a peer's connection dropped
+        reason = str(err).strip().splitlines()[0][:300]
+        print(
+            f"error: a collective failed or waited longer than distributed.timeout_s: another process hung or died "
+            f"(its log says why); this process stops. {reason}",
+            file=sys.stderr,
+        )
         return 1
     except torch.OutOfMemoryError:
         print(
