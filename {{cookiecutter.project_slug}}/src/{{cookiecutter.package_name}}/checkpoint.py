@@ -99,12 +99,12 @@ def save_checkpoint(directory: Path, state: dict, step: int, keep_last: int) -> 
     return path
 
 
-def move_aside(paths: list[Path], reason: str) -> None:
-    """Rename checkpoints to <name>.<reason> so resume never picks them (nothing is deleted)."""
+def move_aside(paths: list[Path], suffix: str, why: str) -> None:
+    """Rename checkpoints to <name>.<suffix> so resume never picks them (nothing is deleted)."""
     for path in paths:
-        target = path.with_name(f"{path.name}.{reason}")
+        target = path.with_name(f"{path.name}.{suffix}")
         path.rename(target)
-        log.warning("moved %s aside to %s: %s", path.name, target.name, reason)
+        log.warning("renamed %s to %s: %s", path.name, target.name, why)
 
 
 def remove_stale_temporaries(directory: Path) -> None:

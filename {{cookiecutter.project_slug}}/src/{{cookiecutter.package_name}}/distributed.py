@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -65,6 +66,13 @@ def setup(cfg: Config) -> DistEnv:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    if os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0" and not os.environ.get(
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    ):
+        log.warning(
+            "torchrun --max-restarts without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: restarted workers can read "
+            "the previous group's addresses and fail or hang (pytorch#135712); set it where torchrun starts"
+        )
     launched = "MASTER_ADDR" in os.environ  # by torchrun or accelerate, even with one process
     if world_size > 1 or (launched and cfg.distributed.strategy in ("ddp", "fsdp")):
         backend = cfg.distributed.backend
@@ -72,6 +80,17 @@ def setup(cfg: Config) -> DistEnv:
             backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, timeout=timedelta(seconds=cfg.distributed.timeout_s))
     return DistEnv(rank, local_rank, world_size, device)
+
+
+# How gloo and NCCL report a peer that hung (the collective timed out) or died (its socket closed).
+PEER_FAILURE = re.compile(
+    r"timed? ?out|timeout|connection (reset|closed|refused)|pair closure|broken pipe|nccl|gloo", re.IGNORECASE
+)
+
+
+def is_peer_failure(err: BaseException) -> bool:
+    """Whether an error means another process hung or died, rather than a bug in this one."""
+    return isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and bool(PEER_FAILURE.search(str(err))))
 
 
 def joined() -> bool:
@@ -140,6 +159,26 @@ def gradient_sync(model: nn.Module, enabled: bool):
     elif isinstance(inner, DistributedDataParallel) and not enabled:
         return inner.no_sync()
     return contextlib.nullcontext()
+
+
+def broadcast_buffers(model: nn.Module) -> None:
+    """FSDP: give every rank rank 0's floating-point buffers (e.g. BatchNorm statistics), like DDP.
+
+    fully_shard shards parameters only; each rank's BatchNorm statistics would otherwise drift
+    apart on its own batches, so ranks would validate different models and a checkpoint (rank 0's)
+    would not restore the others. DDP broadcasts them before every forward; this does it once per
+    optimizer step, as one flat tensor. A no-op without FSDP or without such buffers.
+    """
+    if not isinstance(getattr(model, "_orig_mod", model), FSDPModule):
+        return
+    buffers = [b for b in model.buffers() if b.is_floating_point()]
+    if buffers:
+        flat = torch.cat([b.reshape(-1) for b in buffers])
+        dist.broadcast(flat, src=0)
+        offset = 0
+        for b in buffers:
+            b.copy_(flat[offset : offset + b.numel()].view_as(b))
+            offset += b.numel()
 
 
 FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 from tqdm import tqdm
@@ -153,7 +152,10 @@ def set_aside_later_checkpoints(checkpoints: Path, start_step: int, resume: str)
     run this one replaces. Left in place, a later auto-resume would jump back to them.
     """
     later = [p for p in list_checkpoints(checkpoints) if step_of(p) > start_step]
-    move_aside(later, "corrupt" if resume == "auto" else "superseded")
+    if resume == "auto":
+        move_aside(later, "corrupt", "it does not load")
+    else:
+        move_aside(later, "superseded", f"this run continues from step {start_step} instead")
 
 
 def check_resumable(progress: Progress, global_batch: int, path: Path) -> None:
@@ -353,7 +355,13 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                     with autocast(env.device, tcfg.precision):
                         logits = model(images)
                         loss = classification_loss(logits, targets)
-                    scaler.scale(loss / accum).backward()
+                    try:
+                        scaler.scale(loss / accum).backward()
+                    except RuntimeError as err:
+                        if not tcfg.detect_anomaly:
+                            raise
+                        reason = str(err).strip().splitlines()[0]  # names the backward op; the warning shows where
+                        raise Diverged(f"autograd anomaly at step {progress.step + 1}: {reason}") from None
                 running.update(loss, len(targets))  # stays on the device: no host sync per step
                 samples += len(targets)
                 progress.samples_done += global_micro
@@ -371,6 +379,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                 else:
                     step_if_finite(optimizer, bad)
                 scheduler.step()  # per optimizer step, not per micro-batch
+                distributed.broadcast_buffers(model)  # FSDP: one set of BatchNorm statistics, as DDP keeps
                 progress.step += 1
 
                 if progress.step % tcfg.log_every == 0:
@@ -444,18 +453,20 @@ def main(argv: list[str] | None = None) -> int:
     except Diverged as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    except dist.DistError as err:  # a collective timed out or a peer's connection dropped
-        reason = str(err).strip().splitlines()[0][:300]
-        print(
-            f"error: a collective failed or waited longer than distributed.timeout_s: another process hung or died "
-            f"(its log says why); this process stops. {reason}",
-            file=sys.stderr,
-        )
-        return 1
     except torch.OutOfMemoryError:
         print(
             "error: CUDA out of memory; lower data.batch_size and raise trainer.grad_accum_steps "
             "by the same factor (same global batch)",
+            file=sys.stderr,
+        )
+        return 1
+    except RuntimeError as err:
+        if not distributed.is_peer_failure(err):
+            raise
+        reason = str(err).strip().splitlines()[0][:300]
+        print(
+            f"error: a collective failed or waited longer than distributed.timeout_s: another process hung or died "
+            f"(its log says why); this process stops ({reason})",
             file=sys.stderr,
         )
         return 1

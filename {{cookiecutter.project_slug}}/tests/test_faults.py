@@ -1,0 +1,401 @@
+"""The fault matrix: each fault is injected for real on CPU, and what must hold afterwards is asserted.
+
+| fault                                             | must hold                                           |
+|---------------------------------------------------|-----------------------------------------------------|
+| SIGKILL at a random moment (1 process + workers,  | resume ends bit-identical to an uninterrupted run:  |
+| 2 processes DDP, 2 processes FSDP)                | weights, optimizer, scheduler, logged losses        |
+| SIGTERM to torchrun; SIGUSR1 to every process     | one checkpoint after an agreed step, exit well      |
+|                                                   | inside torchrun's 30 s (75 without torchrun), exact |
+| a worker dies under torchrun --max-restarts=1     | the restarted group resumes by itself, bit-exact    |
+| a peer hangs or dies                              | the others exit 1 within distributed.timeout_s with |
+|                                                   | one clear line; the newest checkpoint verifies      |
+| NaN gradient                                      | exit 1 naming the step; update skipped; no NaN saved|
+| corrupt, truncated or bit-flipped newest file     | warned, renamed aside, previous one used            |
+| disk full while saving                            | exit 2, older checkpoints intact                    |
+| pickle payload given to train or evaluate         | refused, exit 2, the payload never runs             |
+
+The subprocess tests are marked slow; the template's own test suite runs them.
+"""
+
+import errno
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }} import train as train_module
+from {{ cookiecutter.package_name }}.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
+from {{ cookiecutter.package_name }}.metrics import read_metrics
+from {{ cookiecutter.package_name }}.preemption import PREEMPTED_EXIT
+from {{ cookiecutter.package_name }}.train import main
+
+# Augmentation on, log windows that straddle checkpoints (log_every=3, checkpoint_every=2).
+RESUMABLE = ["data.augment=true", "trainer.checkpoint_every=2", "trainer.log_every=3", "trainer.keep_last=2"]
+ONE_PROCESS = [*RESUMABLE, "data.num_workers=2", "trainer.max_epochs=4"]  # 6 steps per epoch
+TWO_PROCESSES = [*RESUMABLE, "trainer.max_epochs=8"]  # 3 steps per epoch: 192 samples / (2 x 32)
+
+# Runs training with a fault injected right after optimizer step FAULT_STEP on rank FAULT_RANK,
+# only in a process's first life (torchrun sets TORCHELASTIC_RESTART_COUNT on restarts).
+DRIVER = """
+import os, signal, sys, time
+import torch
+from {{ cookiecutter.package_name }} import train
+
+real_step = torch.optim.lr_scheduler.LambdaLR.step
+
+def step_then_fault(self, *args, **kwargs):
+    real_step(self, *args, **kwargs)
+    first_life = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    mine = os.environ.get("RANK", "0") == os.environ.get("FAULT_RANK", "0")
+    if first_life and mine and self.last_epoch == int(os.environ["FAULT_STEP"]):
+        if os.environ["FAULT"] == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(600)  # hang
+
+torch.optim.lr_scheduler.LambdaLR.step = step_then_fault
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def environment(**extra) -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path), **extra}
+
+
+def start(nproc: int, args: list[str], *launcher_args: str, script: Path | None = None, **env) -> subprocess.Popen:
+    """Start training in its own session: plain python for nproc=0, else torchrun with nproc CPU processes."""
+    program = [str(script)] if script else ["-m", "{{ cookiecutter.package_name }}.train"]
+    command = [sys.executable]
+    if nproc:
+        command += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *launcher_args]
+    return subprocess.Popen(
+        [*command, *program, *args],
+        env=environment(**env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and all its descendants (torchrun starts its workers in sessions of their own)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += parents.get(tree[-1], [])
+    return tree
+
+
+def kill_everything(process: subprocess.Popen) -> None:
+    """SIGKILL a launcher and every process under it at once, as a node failure would."""
+    for pid in process_tree(process.pid):
+        os.kill(pid, signal.SIGKILL)
+    process.communicate(timeout=60)
+
+
+def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
+    """Wait for a run; one that outlives timeout is killed with everything under it, and fails the test."""
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_everything(process)
+        pytest.fail(f"still running after {timeout} s")
+    return process.returncode, output
+
+
+def completed(nproc: int, args: list[str]) -> str:
+    code, output = finish(start(nproc, args))
+    assert code == 0, output[-3000:]
+    return output
+
+
+def wait_for_checkpoint(run_dir: Path, process: subprocess.Popen, step: int, timeout: float = 120) -> None:
+    """Wait until a checkpoint of at least this step exists (fail if the run ends first)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = list_checkpoints(run_dir / "checkpoints")
+        if found and int(found[-1].name[5:13]) >= step:
+            return
+        assert process.poll() is None, finish(process)[1][-3000:]
+        time.sleep(0.02)
+    pytest.fail(f"no step-{step} checkpoint within {timeout} s")
+
+
+def newest(run_dir: Path) -> dict:
+    return latest_checkpoint(run_dir / "checkpoints")[1]
+
+
+def logged(run_dir: Path) -> list[tuple]:
+    """Every training and validation line of metrics.jsonl, without the timing-dependent ones."""
+    keys = ("step", "epoch", "train/loss", "train/lr", "train/grad_norm", "val/loss", "val/acc", "val/samples")
+    return [tuple(record.get(k) for k in keys) for record in read_metrics(run_dir)]
+
+
+def assert_bit_identical(reference: Path, resumed: Path) -> None:
+    """Weights, optimizer moments, scheduler, progress and logged losses all equal, bit for bit."""
+    want, got = newest(reference), newest(resumed)
+    assert got["progress"] == want["progress"]
+    assert all(torch.equal(want["model"][k], got["model"][k]) for k in want["model"]), "weights differ"
+    assert want["optimizer"]["state"].keys() == got["optimizer"]["state"].keys()
+    for name, moments in want["optimizer"]["state"].items():
+        assert all(torch.equal(value, got["optimizer"]["state"][name][k]) for k, value in moments.items()), name
+    assert got["scheduler"] == want["scheduler"]
+    assert logged(resumed) == logged(reference)
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    """Uninterrupted runs of each setup, made once: {name: run directory}."""
+    from conftest import TINY
+
+    root, made = tmp_path_factory.mktemp("references"), {}
+
+    def reference(name: str) -> Path:
+        if name not in made:
+            nproc, extra = SETUPS[name]
+            made[name] = root / name
+            completed(nproc, [*TINY, *extra, f"run.output_dir={made[name]}"])
+        return made[name]
+
+    return reference
+
+
+SETUPS = {
+    "one-process-workers": (0, ONE_PROCESS),
+    "ddp": (2, [*TWO_PROCESSES, "distributed.strategy=ddp"]),
+    "fsdp": (2, [*TWO_PROCESSES, "distributed.strategy=fsdp"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setup", list(SETUPS))
+def test_sigkill_at_a_random_moment_then_resume_is_bit_exact(setup, tiny, run_dir, references):
+    """SIGKILL to every process at a random moment after the first checkpoint, then the same command
+    again: the run ends exactly where an uninterrupted one does."""
+    nproc, extra = SETUPS[setup]
+    args = [*tiny, *extra]
+    process = start(nproc, args)
+    wait_for_checkpoint(run_dir, process, step=2)
+    time.sleep(random.uniform(0, 0.3))
+    assert process.poll() is None, "the run finished before the kill; give it more steps"
+    kill_everything(process)
+    killed_at = newest(run_dir)["progress"]["step"]
+    completed(nproc, args)
+    assert newest(run_dir)["progress"]["step"] > killed_at
+    print(f"killed after the step-{killed_at} checkpoint")
+    assert_bit_identical(references(setup), run_dir)
+
+
+@pytest.mark.slow
+def test_sigterm_to_torchrun_stops_cleanly_in_time_and_resumes_exactly(tiny, run_dir, references):
+    """torchrun forwards SIGTERM to its workers: they agree on a step, write one checkpoint, and exit
+    well inside the 30 s torchrun allows before SIGKILL; the resumed run is bit-exact."""
+    args = [*tiny, *SETUPS["ddp"][1]]
+    process = start(2, args)
+    wait_for_checkpoint(run_dir, process, step=2)
+    signalled = time.monotonic()
+    process.send_signal(signal.SIGTERM)  # torchrun itself, as Kubernetes or a scheduler would
+    code, output = finish(process)
+    took = time.monotonic() - signalled
+    assert took < 15, f"{took:.1f} s to stop\n{output[-3000:]}"
+    assert "stopped by SIGTERM after step" in output, output[-3000:]
+    stopped_at = int(output.split("stopped by SIGTERM after step ")[1].split(";")[0])
+    assert newest(run_dir)["progress"]["step"] == stopped_at
+    completed(2, args)
+    assert_bit_identical(references("ddp"), run_dir)
+
+
+@pytest.mark.slow
+def test_sigusr1_to_every_process_exits_75_and_resumes_exactly(tiny, run_dir, references):
+    """SLURM's warning signal reaches every process of the job, data workers included: the trainer
+    checkpoints and exits 75 (the workers ignore it), and the resumed run is bit-exact."""
+    args = [*tiny, *SETUPS["one-process-workers"][1]]
+    process = start(0, args)
+    wait_for_checkpoint(run_dir, process, step=2)
+    os.killpg(process.pid, signal.SIGUSR1)
+    code, output = finish(process)
+    assert code == PREEMPTED_EXIT, output[-3000:]
+    assert "stopped by SIGUSR1" in output and "Traceback" not in output, output[-3000:]
+    completed(0, args)
+    assert_bit_identical(references("one-process-workers"), run_dir)
+
+
+@pytest.mark.slow
+def test_elastic_restart_resumes_by_itself_and_ends_exact(tiny, run_dir, tmp_path, references):
+    """A worker SIGKILLed at step 5 under torchrun --max-restarts=1: the restarted group resumes from
+    the step-4 checkpoint on its own and ends bit-identical to an uninterrupted run.
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as the README says: without it, restarted workers can
+    read the previous group's addresses from torchrun's store and fail or hang (pytorch#135712);
+    here 3 restarts in 6 did."""
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    process = start(2, [*tiny, *SETUPS["ddp"][1]], "--max-restarts=1", script=script,
+                    FAULT="die", FAULT_STEP="5", FAULT_RANK="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")  # fmt: skip
+    code, output = finish(process)
+    assert code == 0, output[-3000:]
+    assert "resumed from" in output and "step_00000004.pt" in output, output[-3000:]
+    assert_bit_identical(references("ddp"), run_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["hang", "die"])
+def test_hung_or_dead_peer_ends_the_job_with_a_clear_error(fault, tiny, run_dir, tmp_path):
+    """Rank 1 hangs (or dies) while rank 0 saves the step-4 checkpoint: rank 0 exits 1 within
+    distributed.timeout_s with one clear line, and the newest checkpoint is the complete step-3 one.
+
+    The two ranks are started the way srun starts them (RANK, WORLD_SIZE, MASTER_ADDR set directly),
+    so nothing but the timeout ends rank 0's wait."""
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    port, timeout_s = free_port(), 5
+    ranks = [
+        start(0, [*tiny, *TWO_PROCESSES, "distributed.strategy=ddp", f"distributed.timeout_s={timeout_s}"],
+              script=script, FAULT=fault, FAULT_STEP="4", FAULT_RANK="1", RANK=str(rank), LOCAL_RANK=str(rank),
+              WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        for rank in (0, 1)
+    ]  # fmt: skip
+    wait_for_checkpoint(run_dir, ranks[0], step=3)
+    waiting = time.monotonic()
+    code, output = finish(ranks[0], timeout=timeout_s + 60)
+    took = time.monotonic() - waiting
+    kill_everything(ranks[1])
+    assert code == 1, output[-3000:]
+    assert took < timeout_s + 20, f"{took:.1f} s"
+    error = [line for line in output.splitlines() if line.startswith("error:")]
+    assert error and "another process hung or died" in error[0], output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")][-1] == "step_00000003.pt"  # epoch 1's end
+    assert load_checkpoint(run_dir / "checkpoints" / "step_00000003.pt")["progress"]["step"] == 3
+    assert not list((run_dir / "checkpoints").glob(".*tmp*"))
+
+
+def test_nan_gradient_stops_before_the_update_and_saves_nothing(tiny, run_dir, monkeypatch, capsys):
+    """A NaN loss at step 3 (so NaN gradients): that update is skipped, the run stops with exit 1
+    naming step 3 and the remedies, and nothing after the step-2 checkpoint is saved."""
+    real_loss, real_build, calls, built = train_module.classification_loss, train_module.build_model, [], []
+
+    def nan_at_step_3(logits, targets):
+        calls.append(1)
+        return real_loss(logits, targets) * (float("nan") if len(calls) == 3 else 1.0)
+
+    monkeypatch.setattr(train_module, "classification_loss", nan_at_step_3)
+    monkeypatch.setattr(train_module, "build_model", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
+    assert main([*tiny, "trainer.checkpoint_every=2", "trainer.log_every=3"]) == 1
+    err = capsys.readouterr().err
+    assert "gradient norm is not finite at step 3" in err and "lower optim.lr" in err
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["step_00000002.pt"]
+    saved = newest(run_dir)["model"]
+    for name, param in built[0].named_parameters():  # the skipped update left every weight as it was
+        assert torch.equal(param.detach(), saved[name]), name
+
+
+def test_anomaly_detection_names_the_operation(tiny, monkeypatch, capsys):
+    """trainer.detect_anomaly=true turns a NaN gradient into an error naming the backward operation."""
+    real_loss = train_module.classification_loss
+    monkeypatch.setattr(train_module, "classification_loss", lambda x, y: real_loss(x, y) + (x.sum() * 0).sqrt() * -1)
+    assert main([*tiny, "trainer.detect_anomaly=true", "trainer.max_steps=1"]) == 1
+    err = capsys.readouterr().err
+    assert "Backward" in err and "nan" in err.lower()
+
+
+def _two_checkpoints(tiny, run_dir) -> list[Path]:
+    assert main([*tiny, "trainer.checkpoint_every=2", "trainer.max_steps=4", "trainer.keep_last=5"]) == 0
+    return list_checkpoints(run_dir / "checkpoints")  # steps 2 and 4 (the end-of-run one is step 4 too)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip-a-bit"])
+def test_damaged_newest_checkpoint_is_set_aside_and_the_previous_one_used(damage, tiny, run_dir, caplog):
+    """A truncated or bit-flipped newest checkpoint is named in a warning, renamed *.corrupt (kept),
+    and the run resumes from the previous one instead of step 0."""
+    first, second = _two_checkpoints(tiny, run_dir)
+    data = bytearray(second.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 2] ^= 0x01  # torch.load alone would load this as a wrong weight
+    second.write_bytes(bytes(data))
+    with caplog.at_level("INFO"):
+        assert main([*tiny, "trainer.checkpoint_every=2", "trainer.max_steps=4", "trainer.keep_last=5"]) == 0
+    assert second.name in caplog.text and "resumed from" in caplog.text and first.name in caplog.text
+    assert second.with_name(second.name + ".corrupt").exists()
+    assert newest(run_dir)["progress"]["step"] == 4  # redone from step 2
+
+
+def test_keep_last_one_never_deletes_the_only_good_checkpoint(tmp_path, monkeypatch):
+    """With keep_last=1, a save that fails verification leaves the previous checkpoint in place."""
+    good = save_checkpoint(tmp_path, {"model": {"w": torch.ones(3)}}, step=1, keep_last=1)
+    real_save = torch.save
+
+    def corrupting_save(obj, path):
+        real_save(obj, path)
+        data = bytearray(Path(path).read_bytes())
+        data[len(data) // 2] ^= 0x01
+        Path(path).write_bytes(bytes(data))
+
+    monkeypatch.setattr(torch, "save", corrupting_save)
+    with pytest.raises(CheckpointError, match="CRC"):
+        save_checkpoint(tmp_path, {"model": {"w": torch.zeros(1000)}}, step=2, keep_last=1)
+    assert [p.name for p in tmp_path.iterdir()] == [good.name]
+
+
+def test_disk_full_while_saving_exits_2_and_keeps_older_checkpoints(tiny, run_dir, monkeypatch, capsys):
+    """ENOSPC during a save: exit 2 with one line naming the folder; the earlier checkpoint is intact."""
+    real_save, saves = torch.save, []
+
+    def full_disk(obj, path):
+        saves.append(path)
+        if len(saves) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_save(obj, path)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    assert main([*tiny, "trainer.checkpoint_every=2"]) == 2
+    err = capsys.readouterr().err
+    assert "could not write the step 4 checkpoint" in err and "No space left on device" in err
+    monkeypatch.setattr(torch, "save", real_save)
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["step_00000002.pt"]
+    assert load_checkpoint(run_dir / "checkpoints" / "step_00000002.pt")["progress"]["step"] == 2
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_pickle_payload_is_refused_by_train_and_evaluate(command, tiny, run_dir, monkeypatch, capsys):
+    """A checkpoint that carries code, given to train (resume) or evaluate, exits 2 and never runs it."""
+    monkeypatch.chdir(run_dir.parent)
+    (run_dir / "checkpoints").mkdir(parents=True)
+    path = run_dir / "checkpoints" / "step_00000002.pt"
+    torch.save({"model": {}, "progress": Payload()}, path)  # a zip checkpoint with valid CRCs
+    if command == "train":
+        code = main([*tiny, f"trainer.resume={path}"])
+    else:
+        code = evaluate_main(["--checkpoint", str(path), *tiny])
+    assert code == 2
+    assert "refused" in capsys.readouterr().err
+    assert not (run_dir.parent / "PWNED").exists()
