@@ -1,17 +1,42 @@
 """Cluster launch files: the SLURM script and the Kubernetes PyTorchJob render, parse, launch."""
 
 import os
+import signal
+import socket
 import stat
 import subprocess
+import sys
+import time
+from pathlib import Path
 
+import pytest
 import yaml
 from conftest import bake
 
 STUB_SRUN = """#!/bin/bash
 printf '%s\\n' "$@" > "$SRUN_ARGS"
+exit "${SRUN_EXIT:-0}"
+"""
+# Emulates srun on one node: SLURM_NTASKS copies of the command with SLURM's task variables,
+# exiting with the highest status, as srun does. The task pids go to $SRUN_PIDS for signals.
+LOCAL_SRUN = """#!/bin/bash
+while [[ "$1" == --* ]]; do shift; done
+pids=()
+for ((i = 0; i < SLURM_NTASKS; i++)); do
+    SLURM_PROCID=$i SLURM_LOCALID=$i "$@" &
+    pids+=($!)
+done
+echo "${pids[@]}" > "$SRUN_PIDS"
+status=0
+for pid in "${pids[@]}"; do
+    wait "$pid" && code=0 || code=$?
+    if [ "$code" -gt "$status" ]; then status=$code; fi
+done
+exit "$status"
 """
 STUB_SCONTROL = """#!/bin/bash
-if [ "$1 $2" = "show hostnames" ]; then printf 'gpu-node-7\\ngpu-node-8\\n'; fi
+if [ "$1 $2" = "show hostnames" ]; then printf '%s\\n' ${NODES:-gpu-node-7 gpu-node-8}; fi
+if [ "$1" = "requeue" ]; then echo "$2" >> "$REQUEUED"; fi
 """
 
 
@@ -20,37 +45,112 @@ def _stub(path, text):
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def test_slurm_script_builds_the_torchrun_command(cookies, tmp_path):
-    """Given SLURM's variables, the script runs srun + torchrun with c10d on the first node."""
-    baked = bake(cookies, cluster="slurm")
-    script = baked.path / "scripts" / "slurm" / "train.sbatch"
-    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
+def _slurm(baked, tmp_path, srun: str, **env) -> tuple[Path, dict]:
+    """The baked SLURM script, and an environment with SLURM's variables and stub commands."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    _stub(bin_dir / "srun", STUB_SRUN)
+    _stub(bin_dir / "srun", srun)
     _stub(bin_dir / "scontrol", STUB_SCONTROL)
+    _stub(bin_dir / "python", f'#!/bin/bash\nexec "{sys.executable}" "$@"\n')
     env = {
         **os.environ,
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "SRUN_ARGS": str(tmp_path / "srun-args"),
+        "REQUEUED": str(tmp_path / "requeued"),
         "SLURM_JOB_NODELIST": "gpu-node-[7-8]",
         "SLURM_JOB_NUM_NODES": "2",
         "SLURM_JOB_ID": "4242",
-        "SLURM_GPUS_ON_NODE": "4",
+        **env,
     }
+    return baked.path / "scripts" / "slurm" / "train.sbatch", env
+
+
+@pytest.mark.parametrize(("status", "requeued"), [(0, False), (1, False), (75, True)])
+def test_slurm_script_launches_one_task_per_gpu_and_requeues_only_after_preemption(
+    cookies, tmp_path, status, requeued
+):
+    """Given SLURM's variables, the script runs srun with one task per GPU (torch's variables come
+    from SLURM's), requeues only when training exits 75, and exits with training's status."""
+    baked = bake(cookies, cluster="slurm")
+    script, env = _slurm(baked, tmp_path, STUB_SRUN, SRUN_EXIT=str(status))
+    assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0
     result = subprocess.run(
         ["bash", str(script), "run.output_dir=runs/exp1"],
         cwd=baked.path, env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == status, result.stderr
     args = (tmp_path / "srun-args").read_text().splitlines()
-    assert args == [
-        "--kill-on-bad-exit=1", "torchrun", "--nnodes=2", "--nproc_per_node=4", "--rdzv_id=4242",
-        "--rdzv_backend=c10d", "--rdzv_endpoint=gpu-node-7:29500", "-m", f"{baked.package}.train",
-        "--config", "configs/default.yaml", "run.output_dir=runs/exp1",
-    ]  # fmt: skip
+    assert args[0] == "--kill-on-bad-exit=0" and args[1:3] == ["bash", "-c"]
+    ranks = "RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS"
+    assert f"{ranks} exec python" in args[3]
+    assert f"-m {baked.package}.train" in args[3]
+    assert args[4:] == ["train", "--config", "configs/default.yaml", "run.output_dir=runs/exp1"]
+    assert (tmp_path / "requeued").exists() == requeued
     text = script.read_text()
-    assert "#SBATCH --signal=B:USR1@120" in text and "#SBATCH --requeue" in text
+    assert "#SBATCH --signal=USR1@120" in text and "#SBATCH --requeue" in text
+
+
+def test_slurm_preemption_end_to_end_on_cpu(cookies, tmp_path):
+    """The SLURM script with an srun that starts 2 real training tasks here: SIGUSR1 to the tasks
+    (what --signal does) makes them checkpoint and exit 75, and the script requeues the job."""
+    baked = bake(cookies, cluster="slurm")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    script, env = _slurm(
+        baked,
+        tmp_path,
+        LOCAL_SRUN,
+        SLURM_NTASKS="2",
+        SRUN_PIDS=str(tmp_path / "pids"),
+        MASTER_PORT=str(port),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=str(baked.path / "src"),
+        NODES="127.0.0.1",
+    )
+    run_dir = tmp_path / "run"
+    overrides = [
+        "run.device=cpu",
+        "data.image_size=16",
+        "data.train_size=192",
+        "data.val_size=101",
+        "data.batch_size=32",
+        "data.num_workers=0",
+        "trainer.max_epochs=20",
+        "trainer.checkpoint_every=2",
+        "tracker.name=none",
+        f"run.output_dir={run_dir}",
+    ]
+    log = tmp_path / "job.log"
+    with open(log, "w") as out:
+        job = subprocess.Popen(
+            ["bash", str(script), *overrides],
+            cwd=baked.path,
+            env=env,
+            text=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + 120
+    while not list((run_dir / "checkpoints").glob("step_*.pt")):
+        if job.poll() is not None or time.monotonic() > deadline:
+            os.killpg(job.pid, signal.SIGKILL)
+            pytest.fail(f"no checkpoint:\n{log.read_text()[-3000:]}")
+        time.sleep(0.05)
+    for pid in (tmp_path / "pids").read_text().split():
+        os.kill(int(pid), signal.SIGUSR1)
+    try:
+        job.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        pytest.fail(f"still running 120 s after SIGUSR1:\n{log.read_text()[-3000:]}")
+    output = log.read_text()
+    assert job.returncode == 75, output[-3000:]
+    assert (tmp_path / "requeued").read_text().split() == ["4242"]
+    assert "stopped by SIGUSR1 after step" in output
+    stopped_at = int(output.split("stopped by SIGUSR1 after step ")[1].split(";")[0])
+    assert max(int(p.name[5:13]) for p in (run_dir / "checkpoints").glob("step_*.pt")) == stopped_at
 
 
 def test_kubernetes_pytorchjob_parses_and_matches_its_replicas(cookies):

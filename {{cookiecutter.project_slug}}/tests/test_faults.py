@@ -33,6 +33,7 @@ import torch
 from {{ cookiecutter.package_name }} import train as train_module
 from {{ cookiecutter.package_name }}.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
 from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
+from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.metrics import read_metrics
 from {{ cookiecutter.package_name }}.preemption import PREEMPTED_EXIT
 from {{ cookiecutter.package_name }}.train import main
@@ -218,6 +219,7 @@ def test_sigterm_to_torchrun_stops_cleanly_in_time_and_resumes_exactly(tiny, run
     process.send_signal(signal.SIGTERM)  # torchrun itself, as Kubernetes or a scheduler would
     code, output = finish(process)
     took = time.monotonic() - signalled
+    print(f"SIGTERM to torchrun: stopped in {took:.1f} s")
     assert took < 15, f"{took:.1f} s to stop\n{output[-3000:]}"
     assert "stopped by SIGTERM after step" in output, output[-3000:]
     stopped_at = int(output.split("stopped by SIGTERM after step ")[1].split(";")[0])
@@ -281,6 +283,7 @@ def test_hung_or_dead_peer_ends_the_job_with_a_clear_error(fault, tiny, run_dir,
     code, output = finish(ranks[0], timeout=timeout_s + 60)
     took = time.monotonic() - waiting
     kill_everything(ranks[1])
+    print(f"peer {fault}: rank 0 exited {code} after {took:.1f} s (distributed.timeout_s={timeout_s})")
     assert code == 1, output[-3000:]
     assert took < timeout_s + 20, f"{took:.1f} s"
     error = [line for line in output.splitlines() if line.startswith("error:")]
@@ -343,6 +346,16 @@ def test_damaged_newest_checkpoint_is_set_aside_and_the_previous_one_used(damage
     assert newest(run_dir)["progress"]["step"] == 4  # redone from step 2
 
 
+def test_an_older_starting_point_renames_later_checkpoints_instead_of_deleting_them(tiny, run_dir):
+    """Resuming from an explicit older checkpoint renames the later ones *.superseded (kept), so a
+    later auto-resume cannot jump back to the replaced run."""
+    first, second = _two_checkpoints(tiny, run_dir)
+    kept = second.read_bytes()
+    assert main([*tiny, "trainer.checkpoint_every=2", "trainer.max_steps=3", f"trainer.resume={first}"]) == 0
+    assert second.with_name(second.name + ".superseded").read_bytes() == kept
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == [first.name, "step_00000003.pt"]
+
+
 def test_keep_last_one_never_deletes_the_only_good_checkpoint(tmp_path, monkeypatch):
     """With keep_last=1, a save that fails verification leaves the previous checkpoint in place."""
     good = save_checkpoint(tmp_path, {"model": {"w": torch.ones(3)}}, step=1, keep_last=1)
@@ -385,17 +398,19 @@ class Payload:
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
-@pytest.mark.parametrize("command", ["train", "evaluate"])
-def test_pickle_payload_is_refused_by_train_and_evaluate(command, tiny, run_dir, monkeypatch, capsys):
-    """A checkpoint that carries code, given to train (resume) or evaluate, exits 2 and never runs it."""
+@pytest.mark.parametrize("command", ["train", "evaluate", "export"])
+def test_pickle_payload_is_refused_by_train_evaluate_and_export(command, tiny, run_dir, monkeypatch, capsys):
+    """A checkpoint that carries code, given to train (resume), evaluate or export, exits 2 and never runs it."""
     monkeypatch.chdir(run_dir.parent)
     (run_dir / "checkpoints").mkdir(parents=True)
     path = run_dir / "checkpoints" / "step_00000002.pt"
     torch.save({"model": {}, "progress": Payload()}, path)  # a zip checkpoint with valid CRCs
     if command == "train":
         code = main([*tiny, f"trainer.resume={path}"])
-    else:
+    elif command == "evaluate":
         code = evaluate_main(["--checkpoint", str(path), *tiny])
+    else:
+        code = export_main(["--checkpoint", str(path), *tiny])
     assert code == 2
     assert "refused" in capsys.readouterr().err
     assert not (run_dir.parent / "PWNED").exists()
