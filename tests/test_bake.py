@@ -40,6 +40,7 @@ EXPECTED_FILES = frozenset(
         "src/PKG/train.py",
         "src/PKG/evaluate.py",
         "src/PKG/export.py",
+        "src/PKG/preemption.py",
         "tests/conftest.py",
         "tests/test_config.py",
         "tests/test_data.py",
@@ -48,6 +49,7 @@ EXPECTED_FILES = frozenset(
         "tests/test_checkpoint.py",
         "tests/test_train.py",
         "tests/test_export.py",
+        "tests/test_faults.py",
     }
 )
 CI_FILES = frozenset({".github/workflows/ci.yml"})

@@ -197,6 +197,8 @@ def step_if_finite(optimizer: torch.optim.Optimizer, nonfinite: torch.Tensor) ->
     This is the protocol GradScaler uses with fused optimizers: a found_inf flag makes the fused
     AdamW kernel leave weights, moments and step count untouched.
     """
+    if not optimizer.defaults.get("fused"):
+        raise ValueError("step_if_finite needs a fused optimizer: others ignore found_inf and would apply NaN")
     optimizer.found_inf = nonfinite.float()
     try:
         optimizer.step()
