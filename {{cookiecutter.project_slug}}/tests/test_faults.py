@@ -31,7 +31,13 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }} import train as train_module
-from {{ cookiecutter.package_name }}.checkpoint import CheckpointError, latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint
+from {{ cookiecutter.package_name }}.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
 from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.metrics import read_metrics
