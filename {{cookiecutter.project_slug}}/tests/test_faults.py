@@ -198,12 +198,13 @@ SETUPS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("setup", list(SETUPS))
 def test_sigkill_at_a_random_moment_then_resume_is_bit_exact(setup, tiny, run_dir, references):
-    """SIGKILL to every process at a random moment after the first checkpoint, then the same command
+    """SIGKILL to every process at a random moment (0-0.3 s after a random one of the first eight
+    checkpoints appears: mid-step, mid-epoch, mid-save or in validation), then the same command
     again: the run ends exactly where an uninterrupted one does."""
     nproc, extra = SETUPS[setup]
     args = [*tiny, *extra]
     process = start(nproc, args)
-    wait_for_checkpoint(run_dir, process, step=2)
+    wait_for_checkpoint(run_dir, process, step=random.randrange(2, 17, 2))
     time.sleep(random.uniform(0, 0.3))
     assert process.poll() is None, "the run finished before the kill; give it more steps"
     kill_everything(process)
@@ -318,6 +319,24 @@ def test_nan_gradient_stops_before_the_update_and_saves_nothing(tiny, run_dir, m
     saved = newest(run_dir)["model"]
     for name, param in built[0].named_parameters():  # the skipped update left every weight as it was
         assert torch.equal(param.detach(), saved[name]), name
+
+
+@pytest.mark.gpu
+def test_fp16_overflow_steps_are_skipped_counted_and_not_fatal(tiny, run_dir, monkeypatch):
+    """fp16 on a GPU: a loss scaled up 1e6x at step 3 overflows the fp16 gradients, so the GradScaler
+    skips that step; the run goes on, counts it in train/skipped_steps and exits 0."""
+    on_gpu = [o for o in tiny if o != "run.device=cpu"] + ["trainer.precision=fp16", "trainer.log_every=1"]
+    real_loss, calls = train_module.classification_loss, []
+
+    def overflow_at_step_3(logits, targets):
+        calls.append(1)
+        return real_loss(logits, targets) * (1e6 if len(calls) == 3 else 1.0)
+
+    monkeypatch.setattr(train_module, "classification_loss", overflow_at_step_3)
+    assert main(on_gpu) == 0
+    skipped = {r["step"]: r["train/skipped_steps"] for r in read_metrics(run_dir) if "train/skipped_steps" in r}
+    assert skipped[3] == skipped[2] + 1
+    assert all(torch.isfinite(v).all() for v in newest(run_dir)["model"].values() if v.is_floating_point())
 
 
 def test_anomaly_detection_names_the_operation(tiny, monkeypatch, capsys):

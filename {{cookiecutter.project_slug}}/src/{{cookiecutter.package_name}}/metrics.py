@@ -94,10 +94,16 @@ class MetricsLogger:
 
 
 def truncate_metrics(output_dir: Path, step: int) -> None:
-    """Drop records logged after `step`: a resumed run logs them again from its checkpoint."""
+    """Drop records logged after `step` (and a line a kill cut short): a resumed run logs them again."""
     path = Path(output_dir) / "metrics.jsonl"
     if path.exists():
-        kept = [line for line in path.read_text(encoding="utf-8").splitlines() if json.loads(line)["step"] <= step]
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line)
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue
         path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
 
 

@@ -402,7 +402,10 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                     running.reset()
                     started, samples = time.perf_counter(), 0
                 stopping = stop.poll()  # a signal on any rank stops every rank after this same step
-                if progress.step % tcfg.checkpoint_every == 0 or stopping:
+                # At the end of the epoch (or of training) validation and a save follow: saving here too
+                # would leave a checkpoint of this step that predates its validation line.
+                ends_loop = progress.step >= total_steps or micro + 1 == steps_per_epoch * accum
+                if stopping or (progress.step % tcfg.checkpoint_every == 0 and not ends_loop):
                     save()
                 if stopping:
                     raise Preempted(
