@@ -1,5 +1,6 @@
 """Cluster launch files: the SLURM script and the Kubernetes PyTorchJob render, parse, launch."""
 
+import ast
 import os
 import signal
 import socket
@@ -43,6 +44,15 @@ if [ "$1" = "requeue" ]; then echo "$2" >> "$REQUEUED"; fi
 def _stub(path, text):
     path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def _baked_tiny_config(project: Path) -> list[str]:
+    """The baked project's own seconds-long CPU overrides (TINY in its tests/conftest.py)."""
+    tree = ast.parse((project / "tests" / "conftest.py").read_text())
+    assignment = next(
+        n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "TINY"
+    )
+    return ast.literal_eval(assignment.value)
 
 
 def _slurm(baked, tmp_path, srun: str, **env) -> tuple[Path, dict]:
@@ -110,17 +120,11 @@ def test_slurm_preemption_end_to_end_on_cpu(cookies, tmp_path):
     )
     run_dir = tmp_path / "run"
     overrides = [
-        "run.device=cpu",
-        "data.image_size=16",
-        "data.train_size=192",
-        "data.val_size=101",
-        "data.batch_size=32",
-        "data.num_workers=0",
+        *_baked_tiny_config(baked.path),
         "trainer.max_epochs=20",
         "trainer.checkpoint_every=2",
-        "tracker.name=none",
-        f"run.output_dir={run_dir}",
     ]
+    overrides.append(f"run.output_dir={run_dir}")
     log = tmp_path / "job.log"
     with open(log, "w") as out:
         job = subprocess.Popen(
