@@ -32,6 +32,12 @@ def remove_ci(root: Path = Path()) -> None:
     shutil.rmtree(root / ".github")
 
 
+def remove_docker(root: Path = Path()) -> None:
+    """Delete the CUDA Dockerfile and its .dockerignore."""
+    (root / "Dockerfile").unlink()
+    (root / ".dockerignore").unlink()
+
+
 def remove_slurm(root: Path = Path()) -> None:
     """Delete the SLURM batch script."""
     shutil.rmtree(root / "scripts" / "slurm")
@@ -60,6 +66,8 @@ def main() -> int:
     remove_licenses_dir()
     if answers["include_ci"] == "no":
         remove_ci()
+    if answers["include_docker"] == "no":
+        remove_docker()
     if answers["cluster"] not in ("slurm", "all"):
         remove_slurm()
     if answers["cluster"] not in ("kubernetes", "all"):
