@@ -1,5 +1,9 @@
 """Shared settings: a seconds-long CPU configuration and the gpu marker."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -49,3 +53,12 @@ def final_weights():
         return state["model"]
 
     return read
+
+
+def torchrun(nproc: int, args: list[str], script: list[str] | None = None, **env) -> None:
+    """Run training (or a driver script) under torchrun with nproc CPU processes; fail with its stderr."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    command += script or ["-m", "{{ cookiecutter.package_name }}.train"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path), **env}
+    result = subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]

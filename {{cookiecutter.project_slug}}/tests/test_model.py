@@ -7,7 +7,7 @@ from torch import nn
 
 from {{ cookiecutter.package_name }}.config import ConfigError, ModelConfig, OptimConfig
 from {{ cookiecutter.package_name }}.model import build_model, classification_loss, classifier_head, train_mode
-from {{ cookiecutter.package_name }}.train import build_optimizer
+from {{ cookiecutter.package_name }}.optim import build_optimizer
 
 
 def test_default_model_suits_32x32_images():

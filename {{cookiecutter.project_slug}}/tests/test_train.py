@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import torchrun
 from {{ cookiecutter.package_name }} import train as train_module
-from {{ cookiecutter.package_name }}.checkpoint import list_checkpoints
+from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint, list_checkpoints
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.metrics import read_metrics
+from {{ cookiecutter.package_name }}.optim import warmup_cosine
 from {{ cookiecutter.package_name }}.train import main, train
 
 
@@ -77,9 +79,43 @@ def test_gradient_accumulation_equals_the_large_batch(tiny, tmp_path, final_weig
 
 def test_scheduler_warms_up_then_decays():
     """The learning rate rises linearly during warmup and ends at min_lr_ratio of the peak."""
-    lrs = [train_module.warmup_cosine(s, warmup=4, total=20, min_ratio=0.1) for s in range(21)]
+    lrs = [warmup_cosine(s, warmup=4, total=20, min_ratio=0.1) for s in range(21)]
     assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
     assert all(a >= b for a, b in zip(lrs[4:], lrs[5:], strict=False)) and lrs[20] == pytest.approx(0.1)
+
+
+def test_out_of_memory_ends_with_one_line_that_keeps_the_global_batch(tiny, monkeypatch, capsys):
+    """A CUDA out-of-memory error exits 1 with one line: half the batch, twice the accumulation."""
+
+    def out_of_memory(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(train_module, "classification_loss", out_of_memory)
+    assert main([*tiny, "trainer.grad_accum_steps=2"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert err.endswith("data.batch_size=16 trainer.grad_accum_steps=4")
+
+
+def test_out_of_memory_advice_divides_the_batch_exactly():
+    """The suggested batch times accumulation always equals the current one."""
+    assert train_module.out_of_memory_advice(24, 1).endswith("data.batch_size=12 trainer.grad_accum_steps=2")
+    assert train_module.out_of_memory_advice(9, 2).endswith("data.batch_size=3 trainer.grad_accum_steps=6")
+    assert "bf16" in train_module.out_of_memory_advice(1, 4)
+
+
+@pytest.mark.gpu
+def test_real_cuda_out_of_memory_is_one_line(tiny, capsys):
+    """A real CUDA out-of-memory (memory capped to 1 GiB) ends with exit 1 and the advice line."""
+    device = torch.device("cuda")
+    torch.cuda.set_per_process_memory_fraction(2**30 / torch.cuda.get_device_properties(device).total_memory)
+    try:
+        big = ["run.device=cuda", "data.image_size=224", "data.batch_size=512", "data.train_size=1024"]
+        assert main([*tiny, *big]) == 1
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        torch.cuda.empty_cache()
+    assert "data.batch_size=256 trainer.grad_accum_steps=2" in capsys.readouterr().err
 
 
 def test_bf16_autocast_on_cpu_trains_without_a_scaler(tiny, run_dir):
@@ -87,7 +123,7 @@ def test_bf16_autocast_on_cpu_trains_without_a_scaler(tiny, run_dir):
     cfg = load_config([], [*tiny, "trainer.precision=bf16", "trainer.max_steps=2"])
     result = train(cfg)
     assert result["val/samples"] == 101
-    _, state = train_module.latest_checkpoint(run_dir / "checkpoints")
+    _, state = latest_checkpoint(run_dir / "checkpoints")
     assert state["scaler"] == {}  # a disabled GradScaler has no state
 
 
@@ -101,7 +137,7 @@ def test_single_gpu_smoke(tiny, run_dir, precision):
     losses = [r["train/loss"] for r in records if "train/loss" in r]
     assert losses[-1] < losses[0]
     assert [r["val/samples"] for r in records if "val/samples" in r] == [101, 101]
-    _, state = train_module.latest_checkpoint(run_dir / "checkpoints")
+    _, state = latest_checkpoint(run_dir / "checkpoints")
     assert bool(state["scaler"]) == (precision == "fp16")
 
 
@@ -134,15 +170,6 @@ def test_imagefolder_of_png_files_trains_well(tmp_path, run_dir):
     assert final["val/acc"] >= 0.9
 
 
-def torchrun(nproc: int, args: list[str], script: list[str] | None = None, **env) -> None:
-    """Run training (or a driver script) under torchrun with nproc CPU processes; fail with its stderr."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    command += script or ["-m", "{{ cookiecutter.package_name }}.train"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path), **env}
-    result = subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-
-
 def distance(a: dict, b: dict) -> float:
     """Euclidean distance between two sets of weights."""
     return sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a).sqrt().item()
@@ -161,7 +188,7 @@ def one_process_runs(tmp_path_factory):
     for name, batch in (("one", 64), ("other", 32)):
         overrides = [*TINY, *EXACT, f"data.batch_size={batch}", "trainer.max_steps=6", f"run.output_dir={runs / name}"]
         assert main(overrides) == 0
-    read = lambda run: train_module.latest_checkpoint(runs / run / "checkpoints")[1]["model"]  # noqa: E731
+    read = lambda run: latest_checkpoint(runs / run / "checkpoints")[1]["model"]  # noqa: E731
     return read("one"), distance(read("one"), read("other"))
 
 
@@ -239,7 +266,7 @@ def test_channels_last_trains(tiny, run_dir):
 def test_compiled_model_trains_and_saves_clean_keys(tiny, run_dir):
     """model.compile=true trains, and its checkpoint keys carry no _orig_mod. prefix."""
     assert main([*tiny, "model.compile=true", "trainer.max_steps=2"]) == 0
-    _, state = train_module.latest_checkpoint(run_dir / "checkpoints")
+    _, state = latest_checkpoint(run_dir / "checkpoints")
     assert "conv1.weight" in state["model"] and not any(k.startswith("_orig_mod.") for k in state["model"])
 
 

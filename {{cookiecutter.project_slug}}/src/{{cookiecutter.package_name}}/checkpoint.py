@@ -21,7 +21,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from .config import ConfigError
+from . import distributed
+from .config import Config, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -209,3 +210,43 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def resume_state(cfg: Config, checkpoints: Path, is_main: bool) -> tuple[Path, dict] | None:
+    """The checkpoint to continue from: trainer.resume=auto takes the newest valid one.
+
+    Rank 0 chooses and tells the others, so every rank continues from the same file.
+    """
+    if cfg.trainer.resume == "never":
+        return None
+    if cfg.trainer.resume != "auto":
+        return Path(cfg.trainer.resume), load_checkpoint(Path(cfg.trainer.resume))
+    found, choice = None, ("none", "")
+    if is_main:
+        try:
+            found = latest_checkpoint(checkpoints)
+            choice = ("path", str(found[0])) if found else ("none", "")
+            if found is None and list_checkpoints(checkpoints):
+                choice = ("error", f"{checkpoints}: checkpoints exist but none loads; refusing to restart from "
+                          "step 0 (move them away or set trainer.resume=never)")  # fmt: skip
+        except CheckpointError as err:
+            choice = ("error", str(err))
+    kind, value = distributed.broadcast_object(choice)
+    if kind == "error":
+        raise CheckpointError(value)
+    if kind == "none":
+        return None
+    return found or (Path(value), load_checkpoint(Path(value)))
+
+
+def set_aside_later_checkpoints(checkpoints: Path, start_step: int, resume: str) -> None:
+    """Checkpoints after the step this run starts from are not its own: rename them, never delete.
+
+    With trainer.resume=auto they are the ones that failed to load; otherwise they belong to the
+    run this one replaces. Left in place, a later auto-resume would jump back to them.
+    """
+    later = [p for p in list_checkpoints(checkpoints) if step_of(p) > start_step]
+    if resume == "auto":
+        move_aside(later, "corrupt", "it does not load")
+    else:
+        move_aside(later, "superseded", f"this run continues from step {start_step} instead")

@@ -133,8 +133,13 @@ class TrackerConfig:
     """none, wandb or tensorboard; metrics.jsonl is written in every case."""
     project: str | None = None
     """wandb project (defaults to the package name)."""
+    entity: str | None = None
+    """wandb team or user that owns the project (defaults to your wandb default entity)."""
     run_name: str | None = None
     """Run name shown by the tracker (defaults to the output_dir's name)."""
+    tags: list[str] = field(default_factory=list)
+    """wandb tags, e.g. tracker.tags=[baseline,resnet18]. The wandb mode comes from WANDB_MODE
+    (online, offline, disabled) and the API key from WANDB_API_KEY or `wandb login`, never from here."""
 
 
 @dataclass
@@ -225,6 +230,8 @@ def _explain(err: OmegaConfBaseException) -> str:
             leaf = key.rsplit(".", 1)[-1]
             close = [k for k in all_keys() if k.rsplit(".", 1)[-1] == leaf]
         hint = f"did you mean {close[0]}?" if close else f"known sections: {', '.join(SECTIONS)}"
+        if key.startswith("tracker.") and "key" in key.lower():
+            return f"{key}: unknown key; the wandb API key is read from WANDB_API_KEY or `wandb login`, never config"
         return f"{key}: unknown key; {hint}"
     expected = _field_type(key)
     if expected:

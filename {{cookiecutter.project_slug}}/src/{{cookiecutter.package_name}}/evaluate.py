@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"error: {error_line(err)}", file=sys.stderr)
         return 2
+    except torch.OutOfMemoryError:
+        print(f"error: CUDA out of memory; lower data.batch_size (now {cfg.data.batch_size})", file=sys.stderr)
+        return 1
     if env.is_main:
         metrics = {"checkpoint": str(path), "step": state["progress"]["step"], **metrics}
         print(json.dumps(metrics, indent=2))

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import secrets
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -55,6 +59,58 @@ class SampleMean:
 
     def load_state_dict(self, state: dict, device: torch.device) -> None:
         self.total, self.count = state["total"].to(device), state["count"]
+
+
+class PerfMeter:
+    """Speed over one log window: samples/s, seconds per optimizer step, the share of time spent
+    waiting for the next batch, and on CUDA the peak memory so far.
+
+    Host clocks only, so nothing here syncs with the device. A window ends where the loop reads
+    the loss (a host sync), so queued GPU work is inside the window that queued it. Validation and
+    checkpoint writing go through excluded() and do not count as training time.
+    """
+
+    def __init__(self, device: torch.device, world_size: int):
+        self.device, self.world_size = device, world_size
+        self.reset()
+
+    def reset(self) -> None:
+        self.started, self.samples, self.steps, self.waited = time.perf_counter(), 0, 0, 0.0
+
+    def timed(self, batches: Iterable) -> Iterator:
+        """Yield from batches, adding the time spent waiting for each one to the data wait."""
+        batches = iter(batches)
+        while True:
+            asked = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            self.waited += time.perf_counter() - asked
+            yield batch
+
+    @contextmanager
+    def excluded(self):
+        """Leave the time spent inside out of the window (validation, checkpoints)."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.started += time.perf_counter() - began
+
+    def read(self) -> dict[str, float]:
+        """This window's figures (samples/s counts every process); starts the next window."""
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        figures = {
+            "perf/samples_per_s": self.samples * self.world_size / elapsed,
+            "perf/step_time_s": elapsed / max(self.steps, 1),
+            "perf/data_wait": min(self.waited / elapsed, 1.0),
+        }
+        if self.device.type == "cuda":
+            figures["perf/max_mem_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            figures["perf/max_mem_reserved_gib"] = torch.cuda.max_memory_reserved(self.device) / 2**30
+        self.reset()
+        return figures
 
 
 class MetricsLogger:
@@ -132,6 +188,9 @@ class _TensorBoard:
         self.writer.close()
 
 
+WANDB_MODES = ("online", "offline", "disabled")
+
+
 class _Wandb:
     """wandb run; the API key comes from the environment or netrc, never from the config."""
 
@@ -140,17 +199,23 @@ class _Wandb:
             import wandb
         except ImportError:
             raise ConfigError("tracker.name=wandb needs the wandb package: pip install wandb") from None
+        mode = os.environ.get("WANDB_MODE", "online")
+        if mode not in WANDB_MODES:
+            raise ConfigError(f"WANDB_MODE={mode!r} is not one of {', '.join(WANDB_MODES)}")
         id_file = output_dir / "wandb_run_id"  # a resumed run continues the same wandb run
         run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(6)
         id_file.write_text(run_id)
         try:
             self.run = wandb.init(
                 project=cfg.project or __package__,
+                entity=cfg.entity,
                 name=cfg.run_name or output_dir.name,
+                tags=list(cfg.tags) or None,
                 id=run_id,
                 resume="allow",
                 dir=str(output_dir),
-                config=config,
+                config=config,  # the resolved configuration, as config.yaml holds it
+                mode=mode,
             )
         except Exception as err:  # wandb raises many types (no API key, network, permissions)
             raise ConfigError(

@@ -24,36 +24,31 @@ import math
 import os
 import random
 import sys
-import time
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch import nn
-from torch.distributed.tensor import DTensor
 from tqdm import tqdm
 
 from . import distributed
 from .checkpoint import (
     CheckpointError,
-    latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    move_aside,
     remove_stale_temporaries,
+    resume_state,
     rng_state,
     save_checkpoint,
     save_weights,
+    set_aside_later_checkpoints,
     set_rng_state,
-    step_of,
 )
-from .config import Config, ConfigError, OptimConfig, error_line, load_config, parse_args, to_dict, to_yaml
+from .config import Config, ConfigError, error_line, load_config, parse_args, to_dict, to_yaml
 from .data import build_datasets, build_train_loader, build_val_loader
 from .evaluate import autocast, evaluate_model, mismatch
-from .metrics import MetricsLogger, SampleMean, truncate_metrics
+from .metrics import MetricsLogger, PerfMeter, SampleMean, truncate_metrics
 from .model import build_model, classification_loss, train_mode
+from .optim import build_optimizer, gradient_norm, step_if_finite, warmup_cosine
 from .preemption import PREEMPTED_EXIT, Preempted, StopRequest
 
 log = logging.getLogger(__package__)
@@ -97,67 +92,6 @@ def use_deterministic_kernels(enabled: bool) -> None:
     torch.backends.cudnn.benchmark = not enabled
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
-    """AdamW over trainable parameters only; biases and norm weights get no weight decay.
-
-    fused=True: one kernel for the whole update (CPU and CUDA), markedly faster than the loop.
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.ndim > 1], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)
-
-
-def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:
-    """Learning-rate multiplier: linear warmup to 1, then cosine decay to min_ratio at total."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = min(1.0, (step - warmup) / max(1, total - warmup))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def resume_state(cfg: Config, checkpoints: Path, is_main: bool) -> tuple[Path, dict] | None:
-    """The checkpoint to continue from: trainer.resume=auto takes the newest valid one.
-
-    Rank 0 chooses and tells the others, so every rank continues from the same file.
-    """
-    if cfg.trainer.resume == "never":
-        return None
-    if cfg.trainer.resume != "auto":
-        return Path(cfg.trainer.resume), load_checkpoint(Path(cfg.trainer.resume))
-    found, choice = None, ("none", "")
-    if is_main:
-        try:
-            found = latest_checkpoint(checkpoints)
-            choice = ("path", str(found[0])) if found else ("none", "")
-            if found is None and list_checkpoints(checkpoints):
-                choice = ("error", f"{checkpoints}: checkpoints exist but none loads; refusing to restart from "
-                          "step 0 (move them away or set trainer.resume=never)")  # fmt: skip
-        except CheckpointError as err:
-            choice = ("error", str(err))
-    kind, value = distributed.broadcast_object(choice)
-    if kind == "error":
-        raise CheckpointError(value)
-    if kind == "none":
-        return None
-    return found or (Path(value), load_checkpoint(Path(value)))
-
-
-def set_aside_later_checkpoints(checkpoints: Path, start_step: int, resume: str) -> None:
-    """Checkpoints after the step this run starts from are not its own: rename them, never delete.
-
-    With trainer.resume=auto they are the ones that failed to load; otherwise they belong to the
-    run this one replaces. Left in place, a later auto-resume would jump back to them.
-    """
-    later = [p for p in list_checkpoints(checkpoints) if step_of(p) > start_step]
-    if resume == "auto":
-        move_aside(later, "corrupt", "it does not load")
-    else:
-        move_aside(later, "superseded", f"this run continues from step {start_step} instead")
-
-
 def check_resumable(progress: Progress, global_batch: int, path: Path) -> None:
     """A mid-epoch checkpoint continues only where it ends on one of this run's optimizer steps."""
     if progress.samples_done % global_batch:
@@ -179,31 +113,6 @@ def check_finite(name: str, loss: float, step: int, precision: str) -> None:
     if not math.isfinite(loss):
         hint = "use bf16 instead of fp16, " if precision == "fp16" else ""
         raise Diverged(f"{name} is {loss} at step {step}; {hint}{REMEDIES}")
-
-
-def gradient_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
-    """The global gradient norm over all processes, clipped to max_norm when > 0 (a device tensor)."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    if max_norm > 0:
-        norm = nn.utils.clip_grad_norm_(params, max_norm)
-    else:
-        norm = nn.utils.get_total_norm([p.grad for p in params])
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm  # FSDP: summed over the shards
-
-
-def step_if_finite(optimizer: torch.optim.Optimizer, nonfinite: torch.Tensor) -> None:
-    """optimizer.step(), skipped on the device when nonfinite is true: no host sync per step.
-
-    This is the protocol GradScaler uses with fused optimizers: a found_inf flag makes the fused
-    AdamW kernel leave weights, moments and step count untouched.
-    """
-    if not optimizer.defaults.get("fused"):
-        raise ValueError("step_if_finite needs a fused optimizer: others ignore found_inf and would apply NaN")
-    optimizer.found_inf = nonfinite.float()
-    try:
-        optimizer.step()
-    finally:
-        del optimizer.found_inf
 
 
 def train(cfg: Config) -> dict:
@@ -332,7 +241,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
         (output_dir / "config.yaml").write_text(to_yaml(cfg))
     logger = MetricsLogger(output_dir, cfg.tracker, to_dict(cfg), enabled=env.is_main)
     val: dict = {}
-    started, samples = time.perf_counter(), 0
+    perf = PerfMeter(env.device, env.world_size)
     show_bar = env.is_main and sys.stderr.isatty()
     try:
         while progress.epoch < tcfg.max_epochs and progress.step < total_steps:
@@ -341,7 +250,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
             train_loader.sampler.set_position(progress.epoch, progress.samples_done // env.world_size)
             batches = itertools.islice(train_loader, steps_per_epoch * accum - done)
             bar = tqdm(
-                batches,
+                perf.timed(batches),
                 total=steps_per_epoch * accum - done,
                 disable=not show_bar,
                 desc=f"epoch {progress.epoch}",
@@ -365,7 +274,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                         reason = str(err).strip().splitlines()[0]  # names the backward op; the warning shows where
                         raise Diverged(f"autograd anomaly at step {progress.step + 1}: {reason}") from None
                 running.update(loss, len(targets))  # stays on the device: no host sync per step
-                samples += len(targets)
+                perf.samples += len(targets)
                 progress.samples_done += global_micro
                 if not last_micro:
                     continue
@@ -383,30 +292,30 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                 scheduler.step()  # per optimizer step, not per micro-batch
                 distributed.broadcast_buffers(model)  # FSDP: one set of BatchNorm statistics, as DDP keeps
                 progress.step += 1
+                perf.steps += 1
 
                 if progress.step % tcfg.log_every == 0:
                     check_updates()
                     train_loss = running.global_mean()  # every rank gets it, so all stop together on NaN
                     check_finite("train/loss", train_loss, progress.step, tcfg.precision)
-                    elapsed = time.perf_counter() - started
                     metrics = {
                         "train/loss": train_loss,
                         "train/lr": lr,
                         "train/grad_norm": grad_norm.item(),
-                        "perf/samples_per_s": samples * env.world_size / elapsed,
+                        **perf.read(),
                     }
                     if scaler.is_enabled():
                         metrics["train/skipped_steps"] = progress.skipped_steps
                     logger.log(metrics, progress.step, progress.epoch)
                     bar.set_postfix(loss=f"{train_loss:.4f}")
                     running.reset()
-                    started, samples = time.perf_counter(), 0
                 stopping = stop.poll()  # a signal on any rank stops every rank after this same step
                 # At the end of the epoch (or of training) validation and a save follow: saving here too
                 # would leave a checkpoint of this step that predates its validation line.
                 ends_loop = progress.step >= total_steps or micro + 1 == steps_per_epoch * accum
                 if stopping or (progress.step % tcfg.checkpoint_every == 0 and not ends_loop):
-                    save()
+                    with perf.excluded():
+                        save()
                 if stopping:
                     raise Preempted(
                         f"stopped by {stop.signal.name if stop.signal else 'a signal to another process'} "
@@ -418,28 +327,40 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
             if progress.samples_done >= steps_per_epoch * accum * global_micro:
                 progress.epoch, progress.samples_done = progress.epoch + 1, 0
 
-            val = evaluate_model(distributed.without_ddp(model), val_loader, env.device, tcfg.precision)
-            check_finite("val/loss", val["val/loss"], progress.step, tcfg.precision)  # before anything is saved
-            if val["val/acc"] > progress.best_acc:
-                progress.best_acc, progress.best_step = val["val/acc"], progress.step
-                weights = distributed.full_model_state(model)
-                if env.is_main:
-                    save_weights(weights, output_dir / "best.safetensors")
-            logger.log({**val, "val/best_acc": progress.best_acc}, progress.step, progress.epoch)
-            log.info(
-                "epoch %d step %d: val/loss %.4f val/acc %.4f (%d samples)",
-                progress.epoch,
-                progress.step,
-                val["val/loss"],
-                val["val/acc"],
-                val["val/samples"],
-            )
-            save()
+            with perf.excluded():  # validation and saving are not training time
+                val = evaluate_model(distributed.without_ddp(model), val_loader, env.device, tcfg.precision)
+                check_finite("val/loss", val["val/loss"], progress.step, tcfg.precision)  # before anything is saved
+                if val["val/acc"] > progress.best_acc:
+                    progress.best_acc, progress.best_step = val["val/acc"], progress.step
+                    weights = distributed.full_model_state(model)
+                    if env.is_main:
+                        save_weights(weights, output_dir / "best.safetensors")
+                logger.log({**val, "val/best_acc": progress.best_acc}, progress.step, progress.epoch)
+                log.info(
+                    "epoch %d step %d: val/loss %.4f val/acc %.4f (%d samples)",
+                    progress.epoch,
+                    progress.step,
+                    val["val/loss"],
+                    val["val/acc"],
+                    val["val/samples"],
+                )
+                save()
         if not val:  # resumed a finished run: report its metrics again
             val = evaluate_model(distributed.without_ddp(model), val_loader, env.device, tcfg.precision)
     finally:
         logger.close()
     return {**val, "val/best_acc": progress.best_acc, "step": progress.step, "epoch": progress.epoch}
+
+
+def out_of_memory_advice(batch_size: int, accum: int) -> str:
+    """What to change after the GPU ran out of memory: the same global batch in smaller pieces."""
+    if batch_size == 1:
+        return "CUDA out of memory at data.batch_size=1; try trainer.precision=bf16, a smaller data.image_size or model"
+    factor = next(f for f in range(2, batch_size + 1) if batch_size % f == 0)
+    return (
+        f"CUDA out of memory; lower data.batch_size and raise trainer.grad_accum_steps by the same factor, which "
+        f"keeps the global batch: data.batch_size={batch_size // factor} trainer.grad_accum_steps={accum * factor}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -459,11 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except torch.OutOfMemoryError:
-        print(
-            "error: CUDA out of memory; lower data.batch_size and raise trainer.grad_accum_steps "
-            "by the same factor (same global batch)",
-            file=sys.stderr,
-        )
+        print(f"error: {out_of_memory_advice(cfg.data.batch_size, cfg.trainer.grad_accum_steps)}", file=sys.stderr)
         return 1
     except RuntimeError as err:
         if not distributed.is_peer_failure(err):
