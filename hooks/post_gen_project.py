@@ -9,8 +9,17 @@ import shutil
 import sys
 from pathlib import Path
 
+import yaml  # cookiecutter depends on PyYAML, so every interpreter that runs this hook has it
+
 # tojson escapes ' as \u0027, so no answer can close this raw string early; single quotes matter.
 CONTEXT = r'''{{ cookiecutter | tojson }}'''  # fmt: skip
+
+ANSWERS_FILE = ".cookiecutter.yaml"
+ANSWERS_HEADER = """\
+# The answers this project was baked with, as a cookiecutter user-config file. Bake the same
+# project again (into the current directory) from the same template version with:
+#   cookiecutter --config-file .cookiecutter.yaml --no-input <template>
+"""
 
 
 def install_license(license_name: str, root: Path = Path()) -> None:
@@ -55,6 +64,13 @@ def remove_empty_scripts_dir(root: Path = Path()) -> None:
         scripts.rmdir()
 
 
+def write_answers(answers: dict, root: Path = Path()) -> None:
+    """Record every answer not starting with ``_`` (no machine paths) in ``.cookiecutter.yaml``."""
+    public = {key: value for key, value in answers.items() if not key.startswith("_")}
+    text = yaml.safe_dump({"default_context": public}, allow_unicode=True, sort_keys=True)
+    (root / ANSWERS_FILE).write_text(ANSWERS_HEADER + text, encoding="utf-8")
+
+
 def main() -> int:
     """Apply the answers to the baked project; print one ERROR line and return 1 on failure."""
     answers = json.loads(CONTEXT)
@@ -73,6 +89,7 @@ def main() -> int:
     if answers["cluster"] not in ("kubernetes", "all"):
         remove_kubernetes()
     remove_empty_scripts_dir()
+    write_answers(answers)
     return 0
 
 

@@ -15,14 +15,17 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-# The exact files of a default bake (MIT, include_ci=yes). PKG stands for the package name.
-# include_ci=no drops .github/workflows/ci.yml; no bake keeps a licenses/ directory.
+# The exact files of a default bake (MIT, include_ci=yes, include_docker=no). PKG stands for the
+# package name. include_ci=no drops .github/workflows/ci.yml; include_docker=yes adds the
+# Dockerfile and .dockerignore; no bake keeps a licenses/ directory.
 EXPECTED_FILES = frozenset(
     {
+        ".cookiecutter.yaml",
         ".gitignore",
         ".pre-commit-config.yaml",
         ".github/workflows/ci.yml",
         "LICENSE",
+        "Makefile",
         "README.md",
         "pyproject.toml",
         "configs/default.yaml",
@@ -36,6 +39,8 @@ EXPECTED_FILES = frozenset(
         "src/PKG/model.py",
         "src/PKG/checkpoint.py",
         "src/PKG/metrics.py",
+        "src/PKG/optim.py",
+        "src/PKG/plot.py",
         "src/PKG/distributed.py",
         "src/PKG/train.py",
         "src/PKG/evaluate.py",
@@ -50,9 +55,12 @@ EXPECTED_FILES = frozenset(
         "tests/test_train.py",
         "tests/test_export.py",
         "tests/test_faults.py",
+        "tests/test_plot.py",
+        "tests/test_trackers.py",
     }
 )
 CI_FILES = frozenset({".github/workflows/ci.yml"})
+DOCKER_FILES = frozenset({"Dockerfile", ".dockerignore"})
 
 # The SPDX expression pyproject.toml declares for each license answer (PEP 639).
 SPDX = {
@@ -83,10 +91,12 @@ CLUSTER_FILES = {
 }
 
 
-def expected_files(package: str, include_ci: str = "yes", cluster: str = "none") -> set[str]:
+def expected_files(package: str, context: dict[str, str]) -> set[str]:
     """Return the exact file set a bake with these answers must produce."""
-    files = EXPECTED_FILES if include_ci == "yes" else EXPECTED_FILES - CI_FILES
-    return {path.replace("PKG", package) for path in files | CLUSTER_FILES[cluster]}
+    files = EXPECTED_FILES if context["include_ci"] == "yes" else EXPECTED_FILES - CI_FILES
+    if context["include_docker"] == "yes":
+        files = files | DOCKER_FILES
+    return {path.replace("PKG", package) for path in files | CLUSTER_FILES[context["cluster"]]}
 
 
 def _combinations() -> list[dict[str, str]]:
@@ -150,7 +160,7 @@ def _pyproject(baked) -> dict:
 
 def assert_exact_files(baked) -> None:
     """Fail unless the bake holds exactly the expected files, naming the missing and unexpected."""
-    expected = expected_files(baked.package, baked.context["include_ci"], baked.context["cluster"])
+    expected = expected_files(baked.package, baked.context)
     actual = project_files(baked.path)
     missing, unexpected = sorted(expected - actual), sorted(actual - expected)
     assert not missing and not unexpected, f"missing: {missing}; unexpected: {unexpected}"

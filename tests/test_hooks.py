@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, project_files
+import yaml
+from conftest import ROOT, bake, project_files
 
 
 @pytest.mark.parametrize("name", ["my_trainer", "trainer2", "_private_net", "Resnet_Lab"])
@@ -142,6 +143,59 @@ def test_remove_ci_deletes_the_workflow(post_gen, tmp_path):
     root = _licensed_tree(tmp_path)
     post_gen.remove_ci(root)
     assert not (root / ".github").exists()
+
+
+def test_write_answers_records_the_answers_without_machine_paths(post_gen, tmp_path):
+    """.cookiecutter.yaml holds every answer as a default_context and no ``_`` key or local path."""
+    public = {
+        "project_name": 'Zoë\'s "Quoted" \\ Trainer',
+        "project_slug": "zoes-quoted-trainer",
+        "python_version": "3.10",
+        "include_ci": "no",
+        "tracker": "none",
+        "description": "Line: with # and {braces}",
+    }
+    private = {
+        "_template": "/home/someone/src/torch-template",
+        "_output_dir": "/tmp/bake-output",
+        "_repo_dir": "/home/someone/.cookiecutters/torch-template",
+        "_checkout": None,
+        "__year": "2031",
+        "__prompts__": {"project_name": "Project name (free text)"},
+    }
+    post_gen.write_answers({**public, **private}, tmp_path)
+    text = (tmp_path / ".cookiecutter.yaml").read_text(encoding="utf-8")
+    assert text.startswith("# ")
+    assert "cookiecutter --config-file .cookiecutter.yaml --no-input" in text
+    assert yaml.safe_load(text) == {"default_context": public}
+    for value in ("/home/someone", "/tmp/bake-output", "__year", "2031", "_template", "prompts"):
+        assert value not in text
+
+
+def _rebake_from_answers(answers_file: Path, output: Path) -> Path:
+    """Bake the template with `cookiecutter --config-file <answers_file> --no-input`."""
+    env = {**os.environ, "HOME": str(output.parent / "home")}  # replay files land in this HOME
+    env.pop("COOKIECUTTER_CONFIG", None)
+    command = [sys.executable, "-m", "cookiecutter", "--no-input", "-o", str(output)]
+    command += ["--config-file", str(answers_file), str(ROOT)]
+    completed = subprocess.run(
+        command, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120
+    )
+    assert completed.returncode == 0, completed.stderr
+    (project,) = output.iterdir()
+    return project
+
+
+def test_answers_file_rebakes_an_identical_project(cookies, tmp_path):
+    """Baking again from a project's .cookiecutter.yaml reproduces the project file for file."""
+    baked = bake(cookies, project_name="Acme Vision", license="Apache-2.0", tracker="tensorboard")
+    rebaked = _rebake_from_answers(baked.path / ".cookiecutter.yaml", tmp_path / "rebake")
+    assert rebaked.name == baked.path.name == "acme-vision"
+    files = project_files(baked.path)
+    assert ".cookiecutter.yaml" in files
+    assert project_files(rebaked) == files
+    for name in sorted(files):
+        assert (rebaked / name).read_bytes() == (baked.path / name).read_bytes(), name
 
 
 @pytest.mark.parametrize(

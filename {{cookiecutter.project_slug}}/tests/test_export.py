@@ -1,10 +1,14 @@
 """Export: clean safetensors weights and a torch.export program that runs without this code."""
 
+import subprocess
+import sys
+
 import torch
 from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint
-from {{ cookiecutter.package_name }}.config import ModelConfig
+from {{ cookiecutter.package_name }}.config import ModelConfig, load_config
+from {{ cookiecutter.package_name }}.data import build_datasets
 from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.model import build_model
@@ -26,6 +30,40 @@ def test_evaluate_and_export_a_trained_run(tiny, run_dir, capsys):
     images = torch.randn(5, 3, 16, 16)  # a batch size other than the one traced
     with torch.no_grad():
         assert torch.allclose(program(images), model(images), atol=1e-5)
+
+
+# Runs in a fresh interpreter that cannot import this project (-I drops PYTHONPATH): plain torch only.
+PLAIN_TORCH = """
+import sys, torch
+program = torch.export.load(sys.argv[1]).module()
+images = torch.load(sys.argv[2], weights_only=True)
+with torch.no_grad():
+    torch.save(program(images), sys.argv[3])
+assert not [name for name in sys.modules if name.split(".")[0] == "{{ cookiecutter.package_name }}"]
+"""
+
+
+def test_exported_program_runs_with_plain_torch_and_matches_the_trained_model(tiny, run_dir, tmp_path):
+    """model.pt2 loads in a Python that cannot import this project and gives the checkpoint's outputs."""
+    assert train_main([*tiny, "trainer.max_steps=3"]) == 0
+    assert export_main([f"run.output_dir={run_dir}"]) == 0
+
+    _, val_set, num_classes = build_datasets(load_config([], tiny).data)
+    images = torch.stack([val_set[i][0] for i in range(7)])  # real validation images, another batch size
+    torch.save(images, tmp_path / "images.pt")
+    command = [sys.executable, "-I", "-c", PLAIN_TORCH, str(run_dir / "export" / "model.pt2")]
+    command += [str(tmp_path / "images.pt"), str(tmp_path / "logits.pt")]
+    completed = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+
+    _, state = latest_checkpoint(run_dir / "checkpoints")
+    model = build_model(ModelConfig(), num_classes).eval()
+    model.load_state_dict(state["model"])
+    with torch.no_grad():
+        expected = model(images)
+    logits = torch.load(tmp_path / "logits.pt", weights_only=True)
+    assert torch.allclose(logits, expected, atol=1e-5)
+    assert torch.equal(logits.argmax(1), expected.argmax(1))
 
 
 def test_export_cleans_prefixes_from_a_wrapped_checkpoint(tiny, run_dir):

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import torchrun
 from {{ cookiecutter.package_name }}.metrics import read_metrics
 from {{ cookiecutter.package_name }}.train import main
+
+from conftest import torchrun
 
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # the shape of a wandb API key
 

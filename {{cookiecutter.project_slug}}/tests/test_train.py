@@ -10,13 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import torchrun
 from {{ cookiecutter.package_name }} import train as train_module
 from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint, list_checkpoints
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.metrics import read_metrics
 from {{ cookiecutter.package_name }}.optim import warmup_cosine
 from {{ cookiecutter.package_name }}.train import main, train
+
+from conftest import torchrun
 
 
 def test_smoke_run_learns_and_writes_its_outputs(tiny, run_dir, capsys):

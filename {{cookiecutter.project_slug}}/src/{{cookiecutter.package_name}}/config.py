@@ -121,7 +121,7 @@ class TrainerConfig:
     """Checkpoints kept in output_dir/checkpoints; older ones are deleted once a newer one is verified."""
     resume: str = "auto"
     """auto (newest valid checkpoint in output_dir, if any), never, or a checkpoint path; later ones are renamed."""
-    log_every: int = 20
+    log_every: int = 10
     """Optimizer steps between train/loss lines in metrics.jsonl."""
     detect_anomaly: bool = False
     """Autograd anomaly detection: a NaN names the operation that made it (slow; for debugging only)."""
