@@ -1,4 +1,4 @@
-"""The baked project's tooling works as shipped: Makefile, CI workflow, pre-commit, .gitignore, Docker."""
+"""The baked project's tooling works as shipped: Makefile, CI, pre-commit, .gitignore, Docker."""
 
 import json
 import os
@@ -68,7 +68,7 @@ def test_every_make_target_expands_to_a_real_command(project):
 
 
 def test_ci_workflow_lints_tests_and_runs_the_two_process_smoke(project):
-    """The GitHub Actions job installs the CPU build and runs make lint, test and smoke, in that order."""
+    """The GitHub Actions job installs the CPU build, then runs make lint, test and smoke."""
     workflow = yaml.safe_load((project.path / ".github/workflows/ci.yml").read_text())
     steps = workflow["jobs"]["test"]["steps"]
     runs = [step["run"].strip() for step in steps if "run" in step]
@@ -116,7 +116,7 @@ def test_pre_commit_runs_ruff_offline_and_catches_a_lint_error(project, tmp_path
     ],
 )
 def test_gitignore_covers_outputs_data_and_secrets(project, path, ignored):
-    """Run outputs, checkpoints, tracker files, data and .env are ignored; code and configs are not."""
+    """Run outputs, checkpoints, tracker files, data and .env are ignored; code and configs not."""
     path = path.replace("PKG", project.package)
     completed = run(["git", "check-ignore", "-q", "--no-index", path], cwd=project.path)
     assert completed.returncode == (0 if ignored else 1), path
@@ -133,7 +133,9 @@ def test_dockerfile_builds_from_files_the_project_has(docker_project):
     copies only paths that exist, and runs the baked package's train module."""
     root = docker_project.path
     text = (root / "Dockerfile").read_text()
-    base = re.search(r"^FROM pytorch/pytorch:(\d+)\.(\d+)\.\d+-cuda[\d.]+-cudnn\d+-runtime$", text, re.M)
+    base = re.search(
+        r"^FROM pytorch/pytorch:(\d+)\.(\d+)\.\d+-cuda[\d.]+-cudnn\d+-runtime$", text, re.M
+    )
     assert base, "FROM must name an official CUDA runtime image of PyTorch"
     requires = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
     floor = next(r for r in requires if r.startswith("torch>="))

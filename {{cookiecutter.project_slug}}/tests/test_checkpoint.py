@@ -126,7 +126,7 @@ def test_stale_temporary_files_are_removed(tmp_path):
     from {{ cookiecutter.package_name }}.checkpoint import remove_stale_temporaries
 
     good = save_checkpoint(tmp_path, _state(1), step=1, keep_last=3)
-    (tmp_path / ".step_00000002.pt.tmp-999").write_bytes(b"half")
+    (tmp_path / ".step_00000002.tmp-999.pt").write_bytes(b"half")
     remove_stale_temporaries(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == [good.name]
 

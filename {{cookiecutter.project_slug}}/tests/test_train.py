@@ -213,6 +213,31 @@ def test_two_processes_match_one_and_resume_on_one(tiny, run_dir, final_weights,
     assert distance(reference, final_weights(run_dir)) < other_batches / 20
 
 
+def test_fsdp_bf16_keeps_batchnorm_weights_in_fp32(tmp_path):
+    """FSDP with bf16 computes convolutions with bf16 weights while BatchNorm keeps fp32 weights
+    beside its fp32 statistics (cuDNN refuses bf16 weights with fp32 statistics)."""
+    import torch.distributed as dist
+    from torch import nn
+
+    from {{ cookiecutter.package_name }} import distributed
+    from {{ cookiecutter.package_name }}.config import ModelConfig
+    from {{ cookiecutter.package_name }}.model import build_model
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = build_model(ModelConfig(), num_classes=10)
+        distributed.shard_model(model, distributed.DistEnv(0, 0, 1, torch.device("cpu")), "bf16")
+        seen: dict[str, set] = {"conv": set(), "norm": set()}
+        for module in model.modules():
+            if isinstance(module, (nn.Conv2d, nn.BatchNorm2d)):
+                kind = "norm" if isinstance(module, nn.BatchNorm2d) else "conv"
+                module.register_forward_pre_hook(lambda m, args, kind=kind: seen[kind].add(m.weight.dtype))
+        model(torch.randn(2, 3, 16, 16)).float().sum().backward()
+    finally:
+        dist.destroy_process_group()
+    assert seen == {"conv": {torch.bfloat16}, "norm": {torch.float32}}
+
+
 COUNT_SYNCS = """
 import json, os, sys
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook

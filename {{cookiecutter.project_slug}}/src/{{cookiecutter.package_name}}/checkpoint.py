@@ -64,7 +64,7 @@ def verify(path: Path) -> None:
 def atomic_write(path: Path, write: Callable[[Path], None], check: Callable[[Path], None] | None = None) -> None:
     """Call write(tmp_path), check it, fsync it, then rename it to path (and fsync the folder)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")  # keeps the suffix torch.export checks
     try:
         write(tmp)
         if check:

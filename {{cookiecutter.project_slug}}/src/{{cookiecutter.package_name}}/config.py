@@ -145,7 +145,8 @@ class TrackerConfig:
 @dataclass
 class DistributedConfig:
     strategy: str = "auto"
-    """auto (ddp when more than one process, none when one), none, ddp or fsdp."""
+    """auto (fsdp under accelerate's FSDP config, else ddp when more than one process, none when one),
+    none, ddp or fsdp."""
     backend: str = "auto"
     """auto (nccl on CUDA, gloo on CPU), nccl or gloo."""
     timeout_s: int = 600

@@ -123,6 +123,8 @@ def wrap_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
     if strategy == "fsdp":
         if cfg.trainer.precision == "fp16":
             raise ConfigError("distributed.strategy=fsdp supports trainer.precision=bf16 or fp32, not fp16")
+        if cfg.distributed.sync_batchnorm:
+            raise ConfigError("distributed.sync_batchnorm=true needs distributed.strategy=ddp (FSDP shares rank 0's)")
         log.info("FSDP2 over %d processes", env.world_size)
         return shard_model(model, env, cfg.trainer.precision)
     if cfg.distributed.sync_batchnorm:
@@ -139,6 +141,13 @@ def shard_model(model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" else None
     )
     options = {"mesh": mesh, "mp_policy": policy} if policy else {"mesh": mesh}
+    if policy:
+        # BatchNorm keeps fp32 weights beside its fp32 running statistics (cuDNN refuses bf16
+        # weights with fp32 statistics) and takes the bf16 activations as they come, as under
+        # plain autocast; FSDP1 excluded BatchNorm from mixed precision for the same reason.
+        fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
+        for norm in [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]:
+            fully_shard(norm, mesh=mesh, mp_policy=fp32)
     sharded: list[str] = []
     for name, stage in model.named_modules():
         if not isinstance(stage, nn.Sequential) or any(name.startswith(f"{done}.") for done in sharded):

@@ -5,7 +5,7 @@
     torchrun --nproc_per_node=4 -m PACKAGE.train --config configs/default.yaml
     accelerate launch --config_file configs/accelerate/multi_gpu.yaml -m PACKAGE.train --config configs/default.yaml
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv_backend=c10d --rdzv_endpoint=HOST:29500 \\
-        -m PACKAGE.train --config configs/default.yaml          # on each node (and from SLURM)
+        -m PACKAGE.train --config configs/default.yaml          # on each node
 
 Resume: run the same command again; trainer.resume=auto continues from the newest valid
 checkpoint in run.output_dir, bit-exact. SIGTERM or SIGUSR1 stops after the current optimizer
