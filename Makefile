@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.requirements-dev.stamp
 DEMO := build/my-trainer
 
-.PHONY: demo test
+.PHONY: demo test bench
 
 demo: $(STAMP)
 	rm -rf $(DEMO)
@@ -19,6 +19,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests -q
+
+# CPU benchmarks (about 12 minutes on 2 cores): rewrites docs/performance.md's results and plot.
+bench: $(STAMP)
+	$(BIN)/python bench/run.py --docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

@@ -81,12 +81,12 @@ def test_wandb_offline_run_continues_after_resume_and_never_stores_the_api_key(t
 
     run_id = (run_dir / "wandb_run_id").read_text()
     runs = sorted((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))
-    assert len(runs) == 2  # one per start, both the same wandb run
-    data = (runs[-1] / f"run-{run_id}.wandb").read_bytes()
-    for text in (b"train/loss", b"perf/samples_per_s", b"baseline", b"batch_size"):
-        assert text in data, text  # metrics, tags and the config reached wandb's record file
+    assert len(runs) == 2, runs  # one per start, both the same wandb run
+    data = b"".join((run / f"run-{run_id}.wandb").read_bytes() for run in runs)
+    missing = [t for t in (b"train/loss", b"perf/samples_per_s", b"baseline", b"batch_size") if t not in data]
+    assert not missing, f"not in wandb's record files: {missing}"  # metrics, tags and the config
     leaked = [p for p in run_dir.rglob("*") if p.is_file() and FAKE_KEY.encode() in p.read_bytes()]
-    assert not leaked
+    assert not leaked, leaked
 
 
 def test_wandb_disabled_mode_trains_without_a_wandb_run(tiny, run_dir, offline, monkeypatch):

@@ -17,13 +17,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
@@ -190,7 +183,8 @@ def broadcast_buffers(model: nn.Module) -> None:
             offset += b.numel()
 
 
-FULL_STATE = StateDictOptions(full_state_dict=True, cpu_offload=True)
+# torch.distributed.checkpoint's state-dict API is imported where it is used (about 0.1 s): a run
+# pays it at its first checkpoint rather than before its first step.
 
 
 def full_model_state(model: nn.Module) -> dict:
@@ -199,16 +193,28 @@ def full_model_state(model: nn.Module) -> dict:
     Every rank must call it (FSDP gathers the shards). The result is the same for one process,
     DDP or FSDP, so a checkpoint written by N processes resumes on M.
     """
-    return get_model_state_dict(getattr(model, "_orig_mod", model), options=FULL_STATE)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_model_state_dict(getattr(model, "_orig_mod", model), options=options)
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Unsharded optimizer state keyed by parameter name, like full_model_state()."""
-    return get_optimizer_state_dict(getattr(model, "_orig_mod", model), optimizer, options=FULL_STATE)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return get_optimizer_state_dict(getattr(model, "_orig_mod", model), optimizer, options=options)
 
 
 def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict, optim_state: dict) -> None:
     """Load what full_state() returned into this process's (possibly sharded) model and optimizer."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
     model = getattr(model, "_orig_mod", model)
     options = StateDictOptions(full_state_dict=True)
     set_model_state_dict(model, weights, options=options)  # note: both calls rewrite the dicts they get

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from . import distributed
 from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, strip_prefixes
 from .config import Config, ConfigError, error_line, load_config, parse_args
-from .data import build_datasets, build_val_loader
+from .data import build_datasets, build_val_loader, shut_down_workers
 from .model import build_model
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -123,9 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         try:
             _, val_set, num_classes = build_datasets(cfg.data)
             val_loader = build_val_loader(cfg.data, val_set, rank=env.rank, world_size=env.world_size)
-            model = build_model(cfg.model, num_classes).to(env.device)
-            load_model_weights(model, state["model"], path)
-            metrics = evaluate_model(model, val_loader, env.device, cfg.trainer.precision)
+            try:
+                model = build_model(cfg.model, num_classes).to(env.device)
+                load_model_weights(model, state["model"], path)
+                metrics = evaluate_model(model, val_loader, env.device, cfg.trainer.precision)
+            finally:
+                shut_down_workers(val_loader)
         finally:
             distributed.teardown()
     except ConfigError as err:

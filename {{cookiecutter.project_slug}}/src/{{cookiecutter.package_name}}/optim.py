@@ -6,7 +6,6 @@ import math
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from .config import OptimConfig
 
@@ -39,7 +38,8 @@ def gradient_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
         norm = nn.utils.clip_grad_norm_(params, max_norm)
     else:
         norm = nn.utils.get_total_norm([p.grad for p in params])
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm  # FSDP: summed over the shards
+    full_tensor = getattr(norm, "full_tensor", None)  # a DTensor under FSDP: summed over the shards
+    return full_tensor() if full_tensor else norm
 
 
 def step_if_finite(optimizer: torch.optim.Optimizer, nonfinite: torch.Tensor) -> None:

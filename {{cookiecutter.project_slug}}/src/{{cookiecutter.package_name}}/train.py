@@ -44,7 +44,7 @@ from .checkpoint import (
     set_rng_state,
 )
 from .config import Config, ConfigError, error_line, load_config, parse_args, to_dict, to_yaml
-from .data import build_datasets, build_train_loader, build_val_loader
+from .data import build_datasets, build_train_loader, build_val_loader, shut_down_workers
 from .evaluate import autocast, evaluate_model, mismatch
 from .metrics import MetricsLogger, PerfMeter, SampleMean, truncate_metrics
 from .model import build_model, classification_loss, train_mode
@@ -349,6 +349,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
             val = evaluate_model(distributed.without_ddp(model), val_loader, env.device, tcfg.precision)
     finally:
         logger.close()
+        shut_down_workers(train_loader, val_loader)
     return {**val, "val/best_acc": progress.best_acc, "step": progress.step, "epoch": progress.epoch}
 
 

@@ -1,0 +1,268 @@
+"""One benchmark measurement in a fresh process: the generated loop, raw PyTorch, or Lightning.
+
+    python bench/contenders.py steps   --contender raw --model mlp --warmup 5 --steps 50
+    python bench/contenders.py startup --contender generated --package my_trainer
+
+`steps` prints the steady-state seconds per optimizer step (steps warmup+1 .. warmup+steps).
+`startup` prints the wall-clock time at which the first optimizer step finished; the caller
+subtracts the moment it started this process. Both time every contender the same way, with a
+global optimizer-step hook, so no contender measures itself.
+
+The raw and Lightning contenders build the same data (the generated project's synthetic images
+and transforms, rewritten here without the project's code), the same model, the same AdamW
+(fused), warmup-cosine schedule, gradient clipping at 1.0 and a loss read every 10 steps.
+Nothing is imported at module level beyond the standard library, so `startup` counts every
+import a contender makes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+DEFAULT_TRAIN_SIZE = 4000  # the generated project's default data.train_size
+LR, WEIGHT_DECAY, WARMUP, CLIP = 0.002, 0.05, 50, 1.0
+# (image size, batch size, data.augment, data.num_workers) per model: the MLP case keeps the data
+# cheap (no augmentation, in-process loading) so the loop's own overhead shows.
+SHAPES = {"mlp": (16, 64, False, 0), "resnet18": (32, 128, True, 2)}
+
+
+def steps_hook(total: int):
+    """Record the time after every optimizer step; return the list the hook fills."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    times: list[float] = []
+
+    def hook(optimizer, args, kwargs):
+        times.append(time.perf_counter())
+
+    register_optimizer_step_post_hook(hook)
+    return times
+
+
+def startup_hook():
+    """Print the wall-clock time of the first optimizer step and end the process there."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def hook(optimizer, args, kwargs):
+        print(json.dumps({"first_step_at": time.time()}), flush=True)
+        os._exit(0)
+
+    register_optimizer_step_post_hook(hook)
+
+
+def build_mlp(image_size: int, num_classes: int = 10):
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(3 * image_size**2, 256), nn.ReLU(), nn.Linear(256, num_classes)
+    )
+
+
+def raw_dataset(size: int, image_size: int, augment: bool, num_classes: int = 10, seed: int = 0):
+    """The generated project's synthetic training images and transforms, written out by hand."""
+    import torch
+    from torchvision.transforms import v2
+
+    prototypes = torch.rand(num_classes, 3, 4, 4, generator=torch.Generator().manual_seed(seed))
+    prototypes = torch.nn.functional.interpolate(prototypes, size=image_size, mode="bicubic")
+    samples = torch.Generator().manual_seed(seed + 1)
+    targets = torch.randint(num_classes, (size,), generator=samples)
+    contrast = 0.2 + 0.4 * torch.rand(size, 1, 1, 1, generator=samples)
+    noise = 0.3 * torch.randn(size, 3, image_size, image_size, generator=samples)
+    images = (
+        ((0.5 + contrast * (prototypes[targets] - 0.5) + noise).clamp(0, 1) * 255)
+        .round()
+        .to(torch.uint8)
+    )
+    steps = [v2.ToImage()]
+    if augment:
+        steps += [
+            v2.RandomCrop(image_size, padding=image_size // 8, padding_mode="reflect"),
+            v2.RandomHorizontalFlip(),
+        ]
+    steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize([0.5] * 3, [0.25] * 3)]
+    transform = v2.Compose(steps)
+
+    class Images(torch.utils.data.Dataset):
+        def __len__(self):
+            return size
+
+        def __getitem__(self, index):
+            return transform(images[index]), int(targets[index])
+
+    return Images()
+
+
+def raw_parts(model_name: str, total_steps: int, dataset_size: int):
+    """Model, loader, optimizer and schedule as a hand-written script would build them."""
+    import torch
+    import torchvision
+
+    image_size, batch, augment, workers = SHAPES[model_name]
+    if model_name == "mlp":
+        model = build_mlp(image_size)
+    else:
+        model = torchvision.models.resnet18(num_classes=10)
+        model.conv1 = torch.nn.Conv2d(
+            3, 64, 3, 1, 1, bias=False
+        )  # small-input stem, as the project's
+        model.maxpool = torch.nn.Identity()
+    dataset = raw_dataset(dataset_size, image_size, augment)
+    loader = torch.utils.data.DataLoader(
+        dataset,
+        batch_size=batch,
+        shuffle=True,
+        drop_last=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY, fused=True)
+
+    def schedule(step):
+        if step < WARMUP:
+            return (step + 1) / WARMUP
+        return 0.01 + 0.99 * 0.5 * (
+            1 + math.cos(math.pi * min(1.0, (step - WARMUP) / max(1, total_steps - WARMUP)))
+        )
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    return model, loader, optimizer, scheduler
+
+
+def run_raw(model_name: str, total_steps: int, dataset_size: int, log_every: int) -> None:
+    """The minimal loop: zero_grad, forward, loss, backward, clip, step."""
+    import torch
+    import torch.nn.functional as F
+
+    model, loader, optimizer, scheduler = raw_parts(model_name, total_steps, dataset_size)
+    model.train()
+    for step, (images, targets) in enumerate(loader):
+        if step == total_steps:
+            break
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(images), targets)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        optimizer.step()
+        scheduler.step()
+        if (step + 1) % log_every == 0:
+            loss.item()
+
+
+def run_lightning(model_name: str, total_steps: int, dataset_size: int, log_every: int) -> None:
+    """The same work as a LightningModule under lightning.Trainer."""
+    import lightning as L
+    import torch.nn.functional as F
+
+    model, loader, optimizer, scheduler = raw_parts(model_name, total_steps, dataset_size)
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def training_step(self, batch, batch_idx):
+            images, targets = batch
+            loss = F.cross_entropy(self.model(images), targets)
+            self.log("train/loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return {
+                "optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+            }
+
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=total_steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        gradient_clip_val=CLIP,
+        log_every_n_steps=log_every,
+    )
+    trainer.fit(Module(), loader)
+
+
+def run_generated(
+    package: str, model_name: str, total_steps: int, output_dir: str, startup: bool, log_every: int
+) -> None:
+    """The baked project's own `train` entry point (the MLP replaces its model builder)."""
+    import importlib
+
+    train = importlib.import_module(f"{package}.train")
+    if startup:  # exactly what `python -m PACKAGE.train` does, defaults and all
+        sys.exit(
+            train.main([f"run.output_dir={output_dir}", "trainer.resume=never", "run.device=cpu"])
+        )
+    image_size, batch, augment, workers = SHAPES[model_name]
+    if model_name == "mlp":
+        train.build_model = lambda cfg, num_classes: build_mlp(image_size, num_classes)
+    overrides = [
+        f"run.output_dir={output_dir}",
+        "run.device=cpu",
+        "trainer.resume=never",
+        f"trainer.max_steps={total_steps}",
+        f"trainer.log_every={log_every}",
+        f"data.image_size={image_size}",
+        f"data.batch_size={batch}",
+        f"data.augment={str(augment).lower()}",
+        f"data.num_workers={workers}",
+        f"data.train_size={batch * (total_steps + 1)}",
+        "data.val_size=64",  # validation follows the timed steps; keep it short
+    ]
+    code = train.main(overrides)
+    if code:
+        sys.exit(code)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("what", choices=["steps", "startup"])
+    parser.add_argument("--contender", choices=["generated", "raw", "lightning"], required=True)
+    parser.add_argument("--model", choices=sorted(SHAPES), default="resnet18")
+    parser.add_argument("--package", default="my_trainer")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--output-dir", default="bench-run")
+    parser.add_argument("--log-every", type=int, default=10, help="steps between loss reads")
+    args = parser.parse_args()
+
+    total = args.warmup + args.steps
+    dataset_size = SHAPES[args.model][1] * (total + 1)
+    if args.what == "startup":
+        startup_hook()
+        total, dataset_size = (
+            10**6,
+            DEFAULT_TRAIN_SIZE,
+        )  # the hook ends the process at the first step
+    else:
+        times = steps_hook(total)
+    if args.contender == "generated":
+        startup = args.what == "startup"
+        run_generated(args.package, args.model, total, args.output_dir, startup, args.log_every)
+    elif args.contender == "raw":
+        run_raw(args.model, total, dataset_size, args.log_every)
+    else:
+        run_lightning(args.model, total, dataset_size, args.log_every)
+    if args.what == "steps":
+        if len(times) < total:
+            sys.exit(f"only {len(times)} of {total} optimizer steps ran")
+        print(
+            json.dumps({"step_s": (times[total - 1] - times[args.warmup - 1]) / args.steps}),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()

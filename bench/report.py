@@ -1,0 +1,116 @@
+"""Write benchmark results into docs/performance.md (between markers) and docs/img/bench.png.
+
+    python bench/report.py          # from bench/results/cpu.json and bench/results/gpu.json
+
+bench/run.py --docs calls write_docs() after a full run. The CPU table comes from cpu.json;
+the GPU table from gpu.json, which bench/gpu.sh writes on a CUDA machine.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DOCS = HERE.parent / "docs"
+PAGE = DOCS / "performance.md"
+PLOT = DOCS / "img" / "bench.png"
+START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+CONTENDERS = ("raw", "generated", "lightning")
+
+
+def cpu_section(results: dict) -> str:
+    from run import summary
+
+    f = results["figures"]
+    rows = [
+        "| | raw PyTorch | generated | Lightning |",
+        "|---|---|---|---|",
+    ]
+    for model, label in (("mlp", "tiny MLP, s/step"), ("resnet18", "ResNet-18 32x32, s/step")):
+        rows.append(
+            f"| {label} | "
+            + " | ".join(f"{f[f'step_s/{model}/{c}']:.4f}" for c in CONTENDERS)
+            + " |"
+        )
+    rows.append(
+        "| process start to first step, s | "
+        + " | ".join(f"{f[f'startup_s/{c}']:.2f}" for c in CONTENDERS)
+        + " |"
+    )
+    return "\n".join(
+        [
+            f"CPU: {results['machine']}, torch {results['torch']}, "
+            f"median of {results['reps']} repetitions.",
+            "",
+            "![Step time relative to raw PyTorch, and start-up time](img/bench.png)",
+            "",
+            *rows,
+            "",
+            summary(f),
+        ]
+    )
+
+
+def gpu_section(gpu: dict) -> str:
+    rows = [
+        f"GPU: {gpu['device']}, torch {gpu['torch']} (`bench/gpu.sh`).",
+        "",
+        "| case | images/s | step ms | data wait | peak allocated GiB | peak reserved GiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, c in gpu["cases"].items():
+        rows.append(
+            f"| {name} | {c['images_per_s']:.0f} | {c['step_time_ms']:.1f} | {c['data_wait']:.0%} "
+            f"| {c['peak_allocated_gib']:.2f} | {c['peak_reserved_gib']:.2f} |"
+        )
+    if gpu.get("note"):
+        rows += ["", gpu["note"]]
+    return "\n".join(rows)
+
+
+def plot(results: dict, path: Path = PLOT) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    f = results["figures"]
+    figure, (steps, startup) = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
+    width = 0.27
+    for i, contender in enumerate(CONTENDERS):
+        ratios = [f[f"step_s/{m}/{contender}"] / f[f"step_s/{m}/raw"] for m in ("mlp", "resnet18")]
+        steps.bar([x + (i - 1) * width for x in range(2)], ratios, width, label=contender)
+    steps.axhline(1.0, color="black", linewidth=0.8)
+    steps.set(title="Step time / raw PyTorch (lower is better)", xticks=range(2))
+    steps.set_xticklabels(["tiny MLP", "ResNet-18"])
+    steps.legend(fontsize="small")
+    startup.bar(CONTENDERS, [f[f"startup_s/{c}"] for c in CONTENDERS], color=["C0", "C1", "C2"])
+    startup.set(title="Process start to first optimizer step", ylabel="seconds")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+
+
+def write_docs(
+    results: dict, gpu: dict | None = None, page_path: Path = PAGE, plot_path: Path = PLOT
+) -> None:
+    """Replace the text between the markers of docs/performance.md and redraw the plot."""
+    gpu_file = HERE / "results" / "gpu.json"
+    if gpu is None and gpu_file.exists():
+        gpu = json.loads(gpu_file.read_text())
+    body = cpu_section(results) + ("\n\n" + gpu_section(gpu) if gpu else "")
+    page = page_path.read_text(encoding="utf-8")
+    if START not in page:
+        raise SystemExit(f"{page_path} has no {START} ... {END} markers")
+    page = re.sub(
+        f"{re.escape(START)}.*?{re.escape(END)}", f"{START}\n{body}\n{END}", page, flags=re.S
+    )
+    page_path.write_text(page, encoding="utf-8")
+    plot(results, plot_path)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    write_docs(json.loads((HERE / "results" / "cpu.json").read_text()))

@@ -1,0 +1,310 @@
+"""Benchmark the generated training loop on CPU against raw PyTorch and Lightning.
+
+    python bench/run.py                 # the full run (about 12 minutes on 2 cores), `make bench`
+    python bench/run.py --quick         # one short repetition of everything: a correctness check
+    python bench/run.py --docs          # also rewrite the results in docs/performance.md + plot
+
+It bakes the template's defaults, then measures, each figure the median of --reps repetitions
+with the contenders alternating inside every repetition (so drift in machine load hits all alike):
+
+1. steady-state seconds per optimizer step: the generated loop, a minimal raw PyTorch loop and
+   Lightning's Trainer, on a tiny MLP (overhead-bound) and the default ResNet-18 (compute-bound);
+2. seconds from process start to the end of the first optimizer step, same three contenders;
+3. DDP with trainer.grad_accum_steps=4 on 2 gloo processes: gradient all-reduce rounds per
+   optimizer step and step time, with the sync skipped on the first 3 micro-batches (the
+   generated loop) and without skipping;
+4. 2 processes vs 1 at one thread each: samples/s;
+5. the share of training time spent waiting for data (perf/data_wait) with the default pipeline;
+6. the README's demo (no arguments, 3 epochs): wall time and final val/acc (full run only).
+
+Prints one `name: value` line per figure, then a summary table against the targets; writes
+bench/results/cpu.json (or --json FILE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TEMPLATE = HERE.parent
+CONTENDERS = ("generated", "raw", "lightning")
+
+
+def run_json(command: list[str], cwd: Path, env: dict, timeout: float = 600) -> dict:
+    """Run a command; return the JSON object of its last stdout line (fail with its stderr)."""
+    done = subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def read_records(run_dir: Path) -> list[dict]:
+    """The records of a run's metrics.jsonl."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+class Bench:
+    def __init__(self, project: Path, package: str, work: Path, reps: int, quick: bool):
+        self.project, self.package, self.work, self.reps, self.quick = (
+            project,
+            package,
+            work,
+            reps,
+            quick,
+        )
+        self.env = {**os.environ, "PYTHONPATH": str(project / "src")}
+        self.figures: dict[str, float] = {}
+
+    def record(self, name: str, value: float) -> None:
+        self.figures[name] = value
+        print(f"{name}: {value:.6g}", flush=True)
+
+    def contender(self, what, contender, model, rep, warmup, steps, log_every=10):
+        out = self.work / f"{what}-{contender}-{model}-{rep}"
+        command = [sys.executable, str(HERE / "contenders.py"), what, "--contender", contender]
+        command += ["--model", model, "--package", self.package, "--output-dir", str(out)]
+        command += ["--warmup", str(warmup), "--steps", str(steps), "--log-every", str(log_every)]
+        started = time.time()
+        result = run_json(command, self.project, self.env)
+        return result, started, out
+
+    def step_times(self, model: str, warmup: int, steps: int, log_every: int) -> None:
+        """1 (and 5, from the generated ResNet-18 runs' own log: its window of the timed steps)."""
+        times = {c: [] for c in CONTENDERS}
+        waits = []
+        for rep in range(self.reps):
+            for contender in CONTENDERS:
+                result, _, out = self.contender(
+                    "steps", contender, model, rep, warmup, steps, log_every
+                )
+                times[contender].append(result["step_s"])
+                if contender == "generated" and model == "resnet18":
+                    windows = [r for r in read_records(out) if "perf/data_wait" in r]
+                    waits.append(windows[-1]["perf/data_wait"])  # the window of the timed steps
+        medians = {c: statistics.median(v) for c, v in times.items()}
+        for contender, value in medians.items():
+            self.record(f"step_s/{model}/{contender}", value)
+        self.record(f"ratio/{model}/generated_over_raw", medians["generated"] / medians["raw"])
+        self.record(
+            f"ratio/{model}/generated_over_lightning", medians["generated"] / medians["lightning"]
+        )
+        if waits:
+            self.record("data_wait/resnet18_default_pipeline", statistics.median(waits))
+
+    def demo(self) -> None:
+        """The README's demo: `python -m PACKAGE.train` with no arguments, start to finish."""
+        started = time.perf_counter()
+        command = [
+            sys.executable,
+            "-m",
+            f"{self.package}.train",
+            f"run.output_dir={self.work / 'demo'}",
+        ]
+        done = subprocess.run(
+            command, cwd=self.project, env=self.env, capture_output=True, text=True
+        )
+        if done.returncode:
+            raise SystemExit(f"the demo run failed:\n{done.stderr[-3000:]}")
+        self.record("demo/wall_s", time.perf_counter() - started)
+        self.record(
+            "demo/val_acc",
+            [r for r in read_records(self.work / "demo") if "val/acc" in r][-1]["val/acc"],
+        )
+
+    def startup(self) -> None:
+        """2: process start to the end of the first optimizer step, default model and data."""
+        times = {c: [] for c in CONTENDERS}
+        for rep in range(self.reps):
+            for contender in CONTENDERS:
+                result, started, _ = self.contender("startup", contender, "resnet18", rep, 0, 0)
+                times[contender].append(result["first_step_at"] - started)
+        medians = {c: statistics.median(v) for c, v in times.items()}
+        for contender, value in medians.items():
+            self.record(f"startup_s/{contender}", value)
+        self.record("startup_overhead_s/generated", medians["generated"] - medians["raw"])
+        self.record("startup_overhead_s/lightning", medians["lightning"] - medians["raw"])
+
+    def torchrun(self, nproc: int, script: list[str], overrides: list[str], name: str) -> dict:
+        out = self.work / name
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={nproc}",
+        ]
+        command += [
+            *script,
+            f"run.output_dir={out}",
+            "run.device=cpu",
+            "trainer.resume=never",
+            *overrides,
+        ]
+        env = {**self.env, "OMP_NUM_THREADS": "1"}
+        if script[0] == "-m":
+            done = subprocess.run(
+                command, cwd=self.project, env=env, capture_output=True, text=True, timeout=600
+            )
+            if done.returncode:
+                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+            return {"records": read_records(out)}
+        return run_json(command, self.project, env)
+
+    def ddp_accumulation(self) -> None:
+        """3: all-reduce rounds per optimizer step and step time, with and without no_sync."""
+        steps = 4 if self.quick else 8
+        overrides = [
+            "trainer.grad_accum_steps=4",
+            "data.batch_size=16",
+            f"trainer.max_steps={steps}",
+            f"data.train_size={16 * 2 * 4 * (steps + 1)}",
+            "data.val_size=64",
+            "data.num_workers=0",
+        ]
+        runs = {"skip_sync": [], "sync_every_micro": []}
+        for rep in range(self.reps):
+            for variant in runs:
+                script = [str(HERE / "ddp_accum.py"), "--package", self.package]
+                script += ["--sync-every-micro"] if variant == "sync_every_micro" else []
+                runs[variant].append(
+                    self.torchrun(2, [*script, "--"], overrides, f"ddp-{variant}-{rep}")
+                )
+        for variant, results in runs.items():
+            self.record(
+                f"ddp_accum4/{variant}/allreduce_rounds_per_step", results[0]["rounds_per_step"]
+            )
+            self.record(
+                f"ddp_accum4/{variant}/step_s", statistics.median(r["step_s"] for r in results)
+            )
+        saved = runs["sync_every_micro"], runs["skip_sync"]
+        ratio = statistics.median(r["step_s"] for r in saved[0]) / statistics.median(
+            r["step_s"] for r in saved[1]
+        )
+        self.record("ddp_accum4/sync_every_micro_over_skip_sync", ratio)
+
+    def scaling(self) -> None:
+        """4: samples/s of 2 processes vs 1, one thread each, the same batch per process."""
+        steps = 4 if self.quick else 20
+        overrides = [
+            "data.batch_size=32",
+            f"trainer.max_steps={steps}",
+            f"trainer.log_every={steps // 2}",
+            "data.num_workers=0",
+            "data.val_size=64",
+        ]
+        speeds = {1: [], 2: []}
+        for rep in range(self.reps):
+            for nproc in speeds:
+                result = self.torchrun(
+                    nproc, ["-m", f"{self.package}.train"], overrides, f"scale-{nproc}-{rep}"
+                )
+                windows = [r for r in result["records"] if "perf/samples_per_s" in r]
+                speeds[nproc].append(windows[-1]["perf/samples_per_s"])  # the second, warm window
+        for nproc, values in speeds.items():
+            self.record(f"samples_per_s/{nproc}_process", statistics.median(values))
+        self.record(
+            "scaling/2_over_1_process",
+            self.figures["samples_per_s/2_process"] / self.figures["samples_per_s/1_process"],
+        )
+
+
+TARGETS = [
+    # (figure, target text, check)
+    ("ratio/mlp/generated_over_raw", "<= 1.05", lambda v, f: v <= 1.05),
+    ("ratio/resnet18/generated_over_raw", "<= 1.02", lambda v, f: v <= 1.02),
+    ("ratio/mlp/generated_over_lightning", "<= 1", lambda v, f: v <= 1.0),
+    ("ratio/resnet18/generated_over_lightning", "<= 1", lambda v, f: v <= 1.0),
+    (
+        "startup_overhead_s/generated",
+        "<= half of Lightning's",
+        lambda v, f: v <= 0.5 * f["startup_overhead_s/lightning"],
+    ),
+    ("ddp_accum4/skip_sync/allreduce_rounds_per_step", "== 1", lambda v, f: v == 1.0),
+    ("data_wait/resnet18_default_pipeline", "< 0.05", lambda v, f: v < 0.05),
+    ("demo/val_acc", ">= 0.9", lambda v, f: v >= 0.9),
+    ("demo/wall_s", "< 180", lambda v, f: v < 180),
+]
+
+
+def summary(figures: dict[str, float]) -> str:
+    """The markdown table of targets, then every figure."""
+    lines = ["| figure | value | target | holds |", "|---|---|---|---|"]
+    for name, text, check in TARGETS:
+        if name in figures:
+            value = figures[name]
+            lines.append(
+                f"| {name} | {value:.4g} | {text} | {'yes' if check(value, figures) else 'NO'} |"
+            )
+    lines += ["", "| figure | value |", "|---|---|"]
+    lines += [f"| {name} | {value:.4g} |" for name, value in figures.items()]
+    return "\n".join(lines)
+
+
+def bake(work: Path) -> tuple[Path, str]:
+    from cookiecutter.main import cookiecutter
+
+    project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(work)))
+    package = next(p.parent.name for p in (project / "src").glob("*/train.py"))
+    return project, package
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="1 short repetition: checks, not timings"
+    )
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=HERE / "results" / "cpu.json")
+    parser.add_argument(
+        "--docs", action="store_true", help="rewrite docs/performance.md results and plot"
+    )
+    args = parser.parse_args()
+    reps = 1 if args.quick else args.reps
+    with tempfile.TemporaryDirectory() as tmp:
+        project, package = bake(Path(tmp))
+        bench = Bench(project, package, Path(tmp), reps, args.quick)
+        if args.quick:
+            bench.step_times("mlp", warmup=2, steps=3, log_every=10)
+            bench.step_times("resnet18", warmup=2, steps=2, log_every=2)
+        else:
+            bench.step_times("mlp", warmup=10, steps=100, log_every=10)
+            bench.step_times("resnet18", warmup=10, steps=10, log_every=10)
+        bench.startup()
+        bench.ddp_accumulation()
+        bench.scaling()
+        if not args.quick:
+            bench.demo()
+    import torch
+
+    results = {
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPU cores",
+        "torch": torch.__version__,
+        "reps": reps,
+        "quick": args.quick,
+        "figures": bench.figures,
+    }
+    print()
+    print(summary(bench.figures))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2) + "\n")
+    if args.docs:
+        from report import write_docs
+
+        write_docs(results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+"""The benchmark runs end to end and measures what it claims (correctness, no timing asserts)."""
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+FIGURES = [
+    *(f"step_s/{m}/{c}" for m in ("mlp", "resnet18") for c in ("generated", "raw", "lightning")),
+    *(f"startup_s/{c}" for c in ("generated", "raw", "lightning")),
+    "startup_overhead_s/generated",
+    "startup_overhead_s/lightning",
+    "ddp_accum4/skip_sync/allreduce_rounds_per_step",
+    "ddp_accum4/sync_every_micro/allreduce_rounds_per_step",
+    "samples_per_s/1_process",
+    "samples_per_s/2_process",
+    "data_wait/resnet18_default_pipeline",
+]
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """One quick benchmark run: its stdout and its JSON results."""
+    pytest.importorskip("lightning")
+    out = tmp_path_factory.mktemp("bench") / "cpu.json"
+    command = [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--json", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout, json.loads(out.read_text())
+
+
+def test_every_figure_is_printed_as_a_name_value_line(quick):
+    """Each figure appears as `name: value`, equal to the JSON results, and is a real number."""
+    stdout, results = quick
+    printed = dict(
+        line.split(": ", 1) for line in stdout.splitlines() if ": " in line and "|" not in line
+    )
+    for name in FIGURES:
+        assert name in results["figures"], name
+        value = results["figures"][name]
+        assert math.isfinite(value) and float(printed[name]) == pytest.approx(value, rel=1e-5)
+    assert "| figure | value | target | holds |" in stdout
+
+
+def test_accumulation_all_reduces_once_per_step_and_the_counter_sees_every_round(quick):
+    """With 4 micro-batches per step, the generated loop all-reduces once per optimizer step;
+    without skipping the sync the same counter sees 4 rounds, so it can fail."""
+    figures = quick[1]["figures"]
+    assert figures["ddp_accum4/skip_sync/allreduce_rounds_per_step"] == 1.0
+    assert figures["ddp_accum4/sync_every_micro/allreduce_rounds_per_step"] == 4.0
+
+
+def test_times_and_shares_are_in_range(quick):
+    """Step and start-up times are positive, and the data-wait share is a fraction."""
+    figures = quick[1]["figures"]
+    assert all(
+        figures[n] > 0 for n in FIGURES if n.startswith(("step_s/", "startup_s/", "samples"))
+    )
+    assert 0 <= figures["data_wait/resnet18_default_pipeline"] <= 1
+
+
+def test_report_rewrites_only_the_marked_section_and_draws_the_plot(quick, tmp_path):
+    """report.py replaces only the text between the markers (idempotently) and writes a PNG."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        spec = importlib.util.spec_from_file_location("report", ROOT / "bench" / "report.py")
+        report = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(report)
+        page = tmp_path / "performance.md"
+        page.write_text(f"# Performance\n\nkept\n\n{report.START}\nSTALE-RESULTS\n{report.END}\n\nafter\n")
+        gpu = {"device": "Test GPU", "torch": "2.x", "cases": {}}
+        for _ in range(2):
+            report.write_docs(quick[1], gpu, page, tmp_path / "bench.png")
+            text = page.read_text()
+            assert text.startswith("# Performance\n\nkept\n") and text.endswith("after\n")
+            assert "STALE-RESULTS" not in text and "| tiny MLP, s/step |" in text and "GPU: Test GPU" in text
+        assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
