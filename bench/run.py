@@ -83,16 +83,20 @@ class Bench:
     def step_times(self, model: str, warmup: int, steps: int, log_every: int) -> None:
         """1 (and 5, from the generated ResNet-18 runs' own log: its window of the timed steps)."""
         times = {c: [] for c in CONTENDERS}
-        waits = []
+        waits, params = [], {}
         for rep in range(self.reps):
             for contender in CONTENDERS:
                 result, _, out = self.contender(
                     "steps", contender, model, rep, warmup, steps, log_every
                 )
                 times[contender].append(result["step_s"])
+                params.setdefault(contender, result["params"])
                 if contender == "generated" and model == "resnet18":
                     windows = [r for r in read_records(out) if "perf/data_wait" in r]
                     waits.append(windows[-1]["perf/data_wait"])  # the window of the timed steps
+        if len(set(params.values())) != 1:
+            raise SystemExit(f"the contenders train different {model} models: parameters {params}")
+        self.record(f"params/{model}", params["raw"])
         medians = {c: statistics.median(v) for c, v in times.items()}
         for contender, value in medians.items():
             self.record(f"step_s/{model}/{contender}", value)

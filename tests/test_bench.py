@@ -71,13 +71,15 @@ def test_report_rewrites_only_the_marked_section_and_draws_the_plot(quick, tmp_p
         report = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(report)
         page = tmp_path / "performance.md"
-        page.write_text(f"# Performance\n\nkept\n\n{report.START}\nSTALE-RESULTS\n{report.END}\n\nafter\n")
+        marked = f"{report.START}\nSTALE-RESULTS\n{report.END}"
+        page.write_text(f"# Performance\n\nkept\n\n{marked}\n\nafter\n")
         gpu = {"device": "Test GPU", "torch": "2.x", "cases": {}}
         for _ in range(2):
             report.write_docs(quick[1], gpu, page, tmp_path / "bench.png")
             text = page.read_text()
             assert text.startswith("# Performance\n\nkept\n") and text.endswith("after\n")
-            assert "STALE-RESULTS" not in text and "| tiny MLP, s/step |" in text and "GPU: Test GPU" in text
+            assert "STALE-RESULTS" not in text and "| tiny MLP, s/step |" in text
+            assert "GPU: Test GPU" in text
         assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
     finally:
         sys.path.remove(str(ROOT / "bench"))

@@ -131,12 +131,14 @@ def test_bf16_autocast_on_cpu_trains_without_a_scaler(tiny, run_dir):
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_single_gpu_smoke(tiny, run_dir, precision):
-    """On one GPU, bf16 and fp16 (with GradScaler) train and validate every sample."""
+    """On one GPU, bf16 and fp16 (with GradScaler) train, validate every sample and log peak memory."""
     overrides = [o for o in tiny if o != "run.device=cpu"] + ["run.device=cuda", f"trainer.precision={precision}"]
     assert main([*overrides, "trainer.max_epochs=2"]) == 0
     records = read_metrics(run_dir)
     losses = [r["train/loss"] for r in records if "train/loss" in r]
     assert losses[-1] < losses[0]
+    train = [r for r in records if "train/loss" in r]
+    assert all(0 < r["perf/max_mem_allocated_gib"] <= r["perf/max_mem_reserved_gib"] for r in train)
     assert [r["val/samples"] for r in records if "val/samples" in r] == [101, 101]
     _, state = latest_checkpoint(run_dir / "checkpoints")
     assert bool(state["scaler"]) == (precision == "fp16")

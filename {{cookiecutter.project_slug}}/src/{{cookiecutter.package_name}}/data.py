@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, get_worker_info
 from torchvision import datasets
 from torchvision.transforms import v2
 
@@ -132,18 +132,24 @@ class SeededAugmentation(Dataset):
     which ResumableSampler yields.
     """
 
-    def __init__(self, dataset: Dataset, seed: int):
-        self.dataset, self.seed = dataset, seed
+    def __init__(self, dataset: Dataset, seed: int, augment: bool = True):
+        self.dataset, self.seed, self.augment = dataset, seed, augment
 
     def __len__(self):
         return len(self.dataset)
 
     def __getitem__(self, key: tuple[int, int]):
         epoch, index = key
-        with torch.random.fork_rng(devices=[]):  # leaves the caller's RNG stream untouched
-            # The CPU generator only: the transforms draw from it, and torch.manual_seed would also
-            # seed every CUDA device, which before CUDA starts records a stack trace (about 1 ms a sample).
-            torch.default_generator.manual_seed(((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63)
+        if not self.augment:  # data.augment=false: the transforms draw no random numbers
+            return self.dataset[index]
+        # The CPU generator only: the transforms draw from it, and torch.manual_seed would also
+        # seed every CUDA device, which before CUDA starts records a stack trace (about 1 ms a sample).
+        seed = ((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63
+        if get_worker_info() is not None:  # a worker's stream serves only these transforms
+            torch.default_generator.manual_seed(seed)
+            return self.dataset[index]
+        with torch.random.fork_rng(devices=[]):  # the training process's own stream stays untouched
+            torch.default_generator.manual_seed(seed)
             return self.dataset[index]
 
 
@@ -216,7 +222,7 @@ def build_train_loader(cfg: DataConfig, train_set, *, seed, rank=0, world_size=1
         )
     generator = torch.Generator().manual_seed(seed + rank)  # seeds python/numpy in the workers
     return DataLoader(
-        SeededAugmentation(train_set, seed),
+        SeededAugmentation(train_set, seed, augment=cfg.augment),
         sampler=sampler,
         drop_last=True,
         generator=generator,
