@@ -107,3 +107,16 @@ def test_help_lists_every_key(capsys):
     assert exit_.value.code == 0
     out = capsys.readouterr().out
     assert all(key in out for key in all_keys())
+
+
+def test_help_into_a_closed_pipe_ends_quietly():
+    """`train --help | head` ends with status 0 and no BrokenPipeError traceback when the reader has gone."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.train", "--help"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the reader leaves before the help is written (the child is still importing)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err

@@ -15,7 +15,9 @@ import difflib
 import inspect
 import itertools
 import math
+import os
 import re
+import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -361,7 +363,10 @@ def parse_args(argv: list[str], program: str) -> tuple[list[str], list[str]]:
     args = iter(argv)
     for arg in args:
         if arg in ("-h", "--help"):
-            print(help_text(program))
+            try:
+                print(help_text(program), flush=True)
+            except BrokenPipeError:  # `--help | head` stopped reading: not an error
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise SystemExit(0)
         if arg == "--config":
             path = next(args, None)
