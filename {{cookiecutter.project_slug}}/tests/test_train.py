@@ -144,6 +144,29 @@ def test_single_gpu_smoke(tiny, run_dir, precision):
     assert bool(state["scaler"]) == (precision == "fp16")
 
 
+@pytest.mark.gpu
+def test_training_steps_never_wait_for_the_gpu(tiny):
+    """Between log lines a training step makes no host-device sync: from the second optimizer step to
+    the last, torch's sync debug mode turns any sync into an error."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    steps = []
+
+    def watch(optimizer, args, kwargs):
+        steps.append(len(steps) + 1)
+        torch.cuda.set_sync_debug_mode("error" if len(steps) < 6 else "default")
+
+    handle = register_optimizer_step_post_hook(watch)
+    try:
+        overrides = [o for o in tiny if o != "run.device=cpu"] + ["run.device=cuda", "trainer.precision=bf16"]
+        quiet = ["trainer.max_steps=6", "trainer.log_every=1000", "trainer.checkpoint_every=1000"]
+        assert main([*overrides, *quiet]) == 0
+    finally:
+        handle.remove()
+        torch.cuda.set_sync_debug_mode("default")
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
 @pytest.mark.slow
 def test_imagefolder_of_png_files_trains_well(tmp_path, run_dir):
     """A folder of real PNG files trains to high accuracy and counts every validation image once."""
