@@ -1,4 +1,4 @@
-"""Optimizer, learning-rate schedule, and the gradient checks of each optimizer step."""
+"""Optimizer, learning-rate schedule, and the checks that stop a run going non-finite."""
 
 from __future__ import annotations
 
@@ -8,6 +8,23 @@ import torch
 from torch import nn
 
 from .config import OptimConfig
+
+
+class Diverged(RuntimeError):
+    """The loss or gradient norm became NaN or infinite; nothing non-finite is ever checkpointed."""
+
+
+REMEDIES = (
+    "lower optim.lr, keep trainer.grad_clip on, check the input data, "
+    "or find the operation with trainer.detect_anomaly=true"
+)
+
+
+def check_finite(name: str, loss: float, step: int, precision: str) -> None:
+    """Stop with the usual remedies when a loss is NaN or infinite."""
+    if not math.isfinite(loss):
+        hint = "use bf16 instead of fp16, " if precision == "fp16" else ""
+        raise Diverged(f"{name} is {loss} at step {step}; {hint}{REMEDIES}")
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:

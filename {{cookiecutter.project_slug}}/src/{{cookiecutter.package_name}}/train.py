@@ -48,14 +48,10 @@ from .data import build_datasets, build_train_loader, build_val_loader, shut_dow
 from .evaluate import autocast, evaluate_model, mismatch
 from .metrics import MetricsLogger, PerfMeter, SampleMean, truncate_metrics
 from .model import build_model, classification_loss, train_mode
-from .optim import build_optimizer, gradient_norm, step_if_finite, warmup_cosine
+from .optim import REMEDIES, Diverged, build_optimizer, check_finite, gradient_norm, step_if_finite, warmup_cosine
 from .preemption import PREEMPTED_EXIT, Preempted, StopRequest
 
 log = logging.getLogger(__package__)
-
-
-class Diverged(RuntimeError):
-    """The loss or gradient norm became NaN or infinite; nothing non-finite is ever checkpointed."""
 
 
 @dataclass
@@ -100,19 +96,6 @@ def check_resumable(progress: Progress, global_batch: int, path: Path) -> None:
             f"of this run's global batches ({global_batch} = data.batch_size x processes x grad_accum_steps); "
             "resume with the same global batch"
         )
-
-
-REMEDIES = (
-    "lower optim.lr, keep trainer.grad_clip on, check the input data, "
-    "or find the operation with trainer.detect_anomaly=true"
-)
-
-
-def check_finite(name: str, loss: float, step: int, precision: str) -> None:
-    """Stop with the usual remedies when a loss is NaN or infinite."""
-    if not math.isfinite(loss):
-        hint = "use bf16 instead of fp16, " if precision == "fp16" else ""
-        raise Diverged(f"{name} is {loss} at step {step}; {hint}{REMEDIES}")
 
 
 def train(cfg: Config) -> dict:
