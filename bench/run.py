@@ -1,6 +1,6 @@
 """Benchmark the generated training loop on CPU against raw PyTorch and Lightning.
 
-    python bench/run.py                 # the full run (about 12 minutes on 2 cores), `make bench`
+    python bench/run.py                 # the full run (about 14 minutes on 2 cores), `make bench`
     python bench/run.py --quick         # one short repetition of everything: a correctness check
     python bench/run.py --docs          # also rewrite the results in docs/performance.md + plot
 
