@@ -39,15 +39,27 @@ TEMPLATE = HERE.parent
 CONTENDERS = ("generated", "raw", "lightning")
 
 
-def run_json(command: list[str], cwd: Path, env: dict, timeout: float = 600) -> dict:
-    """Run a command; return the JSON object of its last stdout line (fail with its stderr)."""
+def run_checked(command: list[str], cwd: Path, env: dict, timeout: float = 600) -> str:
+    """Run a command; return its stdout (stop the benchmark with its stderr if it fails)."""
     done = subprocess.run(
         command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if done.returncode != 0 or not lines:
+    if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def last_json(stdout: str) -> dict:
+    """The JSON object a measurement printed last."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise SystemExit(f"a measurement printed no result:\n{stdout[-2000:]}")
     return json.loads(lines[-1])
+
+
+def run_json(command: list[str], cwd: Path, env: dict) -> dict:
+    """Run a command; return the JSON object it printed last."""
+    return last_json(run_checked(command, cwd, env))
 
 
 def read_records(run_dir: Path) -> list[dict]:
@@ -140,7 +152,8 @@ class Bench:
         self.record("startup_overhead_s/generated", medians["generated"] - medians["raw"])
         self.record("startup_overhead_s/lightning", medians["lightning"] - medians["raw"])
 
-    def torchrun(self, nproc: int, script: list[str], overrides: list[str], name: str) -> dict:
+    def torchrun(self, nproc: int, script: list[str], overrides: list[str], name: str):
+        """Run script under torchrun on CPU into its own output directory; (stdout, directory)."""
         out = self.work / name
         command = [
             sys.executable,
@@ -157,14 +170,7 @@ class Bench:
             *overrides,
         ]
         env = {**self.env, "OMP_NUM_THREADS": "1"}
-        if script[0] == "-m":
-            done = subprocess.run(
-                command, cwd=self.project, env=env, capture_output=True, text=True, timeout=600
-            )
-            if done.returncode:
-                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
-            return {"records": read_records(out)}
-        return run_json(command, self.project, env)
+        return run_checked(command, self.project, env), out
 
     def ddp_accumulation(self) -> None:
         """3: all-reduce rounds per optimizer step and step time, with and without no_sync."""
@@ -182,9 +188,8 @@ class Bench:
             for variant in runs:
                 script = [str(HERE / "ddp_accum.py"), "--package", self.package]
                 script += ["--sync-every-micro"] if variant == "sync_every_micro" else []
-                runs[variant].append(
-                    self.torchrun(2, [*script, "--"], overrides, f"ddp-{variant}-{rep}")
-                )
+                stdout, _ = self.torchrun(2, [*script, "--"], overrides, f"ddp-{variant}-{rep}")
+                runs[variant].append(last_json(stdout))
         for variant, results in runs.items():
             self.record(
                 f"ddp_accum4/{variant}/allreduce_rounds_per_step", results[0]["rounds_per_step"]
@@ -211,10 +216,10 @@ class Bench:
         speeds = {1: [], 2: []}
         for rep in range(self.reps):
             for nproc in speeds:
-                result = self.torchrun(
+                _, out = self.torchrun(
                     nproc, ["-m", f"{self.package}.train"], overrides, f"scale-{nproc}-{rep}"
                 )
-                windows = [r for r in result["records"] if "perf/samples_per_s" in r]
+                windows = [r for r in read_records(out) if "perf/samples_per_s" in r]
                 speeds[nproc].append(windows[-1]["perf/samples_per_s"])  # the second, warm window
         for nproc, values in speeds.items():
             self.record(f"samples_per_s/{nproc}_process", statistics.median(values))
