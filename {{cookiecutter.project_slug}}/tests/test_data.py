@@ -4,9 +4,12 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torchvision.transforms import v2
 
 from {{ cookiecutter.package_name }}.config import ConfigError, DataConfig, load_config
 from {{ cookiecutter.package_name }}.data import (
+    MEAN_STD,
+    DeviceImages,
     ResumableSampler,
     SyntheticImages,
     build_datasets,
@@ -51,6 +54,33 @@ def test_validation_shards_cover_every_sample_once():
     _, val_set, _ = build_datasets(small())
     seen = [i for rank in range(3) for i in build_val_loader(small(), val_set, rank=rank, world_size=3).dataset.indices]
     assert sorted(seen) == list(range(len(val_set)))
+
+
+def test_loaders_hand_over_uint8_that_the_device_step_normalises_like_torchvision():
+    """Workers pass uint8 images; DeviceImages gives what per-sample ToDtype + Normalize gave."""
+    train_set, val_set, _ = build_datasets(small(num_workers=2))
+    for loader in (build_train_loader(small(num_workers=2), train_set, seed=0), build_val_loader(small(), val_set)):
+        images, _ = next(iter(loader))
+        assert images.dtype == torch.uint8 and images.shape == (16, 3, 16, 16)
+    for name, (mean, std) in MEAN_STD.items():
+        reference = torch.stack([v2.Normalize(mean, std)(v2.ToDtype(torch.float32, scale=True)(i)) for i in images])
+        normalised = DeviceImages(torch.device("cpu"), name)(images)
+        assert normalised.dtype == torch.float32
+        torch.testing.assert_close(normalised, reference, atol=1e-6, rtol=1e-6)
+        assert not torch.equal(normalised, images.float() / 255)  # the statistics were applied
+
+
+def test_device_images_keep_channels_last_and_pass_float_batches_through():
+    """channels_last reaches the model from the copy on; a dataset's own float images move unchanged."""
+    images = torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8)
+    moved = DeviceImages(torch.device("cpu"), "synthetic", channels_last=True)(images)
+    assert moved.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous(
+        memory_format=torch.channels_last
+    )
+    torch.testing.assert_close(moved, DeviceImages(torch.device("cpu"), "synthetic")(images))
+    floats = torch.randn(4, 3, 8, 8)
+    assert torch.equal(DeviceImages(torch.device("cpu"), "synthetic")(floats), floats)
+    assert torch.equal(DeviceImages(torch.device("cpu"))(images), images.float() / 255)  # no statistics: [0, 1]
 
 
 def test_training_order_depends_on_seed_and_epoch_only():

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint
 from {{ cookiecutter.package_name }}.config import ModelConfig, load_config
-from {{ cookiecutter.package_name }}.data import build_datasets
+from {{ cookiecutter.package_name }}.data import DeviceImages, build_datasets
 from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.model import build_model
@@ -48,8 +48,10 @@ def test_exported_program_runs_with_plain_torch_and_matches_the_trained_model(ti
     assert train_main([*tiny, "trainer.max_steps=3"]) == 0
     assert export_main([f"run.output_dir={run_dir}"]) == 0
 
-    _, val_set, num_classes = build_datasets(load_config([], tiny).data)
+    data = load_config([], tiny).data
+    _, val_set, num_classes = build_datasets(data)
     images = torch.stack([val_set[i][0] for i in range(7)])  # real validation images, another batch size
+    images = DeviceImages(torch.device("cpu"), data.name)(images)  # normalised, as training sees them
     torch.save(images, tmp_path / "images.pt")
     command = [sys.executable, "-I", "-c", PLAIN_TORCH, str(run_dir / "export" / "model.pt2")]
     command += [str(tmp_path / "images.pt"), str(tmp_path / "logits.pt")]

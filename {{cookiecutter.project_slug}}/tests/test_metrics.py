@@ -9,6 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.config import TrackerConfig
+from {{ cookiecutter.package_name }}.data import DeviceImages
 from {{ cookiecutter.package_name }}.evaluate import evaluate_model
 from {{ cookiecutter.package_name }}.metrics import MetricsLogger, PerfMeter, SampleMean, read_metrics
 
@@ -46,7 +47,7 @@ def test_evaluation_counts_every_sample_and_divides_by_samples():
     y[:30] = (x[:30, 0] % 2).long()  # the first 30 labels match the prediction, the rest are 0
     loader = DataLoader(TensorDataset(x, y), batch_size=32, shuffle=False)
     model = FixedPredictions().train()
-    metrics = evaluate_model(model, loader, torch.device("cpu"))
+    metrics = evaluate_model(model, loader, DeviceImages(torch.device("cpu")))
     expected_correct = 30 + int(((x[30:, 0] % 2) == 0).sum())
     assert metrics["val/samples"] == 101
     assert metrics["val/acc"] == pytest.approx(expected_correct / 101)
@@ -61,7 +62,7 @@ def test_evaluation_builds_no_graph():
     model = nn.Linear(1, 2)
     model.register_forward_hook(lambda m, i, out: seen.append(out.requires_grad))
     loader = DataLoader(TensorDataset(torch.randn(5, 1), torch.zeros(5, dtype=torch.long)), batch_size=2)
-    evaluate_model(model, loader, torch.device("cpu"))
+    evaluate_model(model, loader, DeviceImages(torch.device("cpu")))
     assert seen and not any(seen)
 
 

@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from . import distributed
 from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, strip_prefixes
 from .config import Config, ConfigError, error_line, load_config, parse_args
-from .data import build_datasets, build_val_loader, shut_down_workers
+from .data import DeviceImages, build_datasets, build_val_loader, shut_down_workers
 from .model import build_model
 
 AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -35,14 +35,15 @@ def autocast(device: torch.device, precision: str):
     return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision])
 
 
-def evaluate_model(model: nn.Module, loader, device: torch.device, precision: str = "fp32") -> dict:
+def evaluate_model(model: nn.Module, loader, inputs: DeviceImages, precision: str = "fp32") -> dict:
     """Validation loss and accuracy over every sample, summed over all processes.
 
     val/loss is the sample-weighted mean loss, val/acc = correct / samples counted (not / batches),
-    and val/samples the number of samples counted. Runs under eval() and no_grad().
+    and val/samples the number of samples counted. Runs under eval() and no_grad(). `inputs` moves
+    each batch's images to the device and normalises them, as in training.
     """
     model.eval()
-    channels_last = next(model.parameters()).is_contiguous(memory_format=torch.channels_last)
+    device = inputs.device
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, samples
     rounds = distributed.max_over_ranks(len(loader), device)  # FSDP forwards are collectives: run as many
     batches, images = iter(loader), None
@@ -53,9 +54,7 @@ def evaluate_model(model: nn.Module, loader, device: torch.device, precision: st
                 model(images)  # keeps step with processes that have one more batch; not counted
                 continue
             images, targets = batch
-            images = images.to(device, non_blocking=True)
-            if channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
+            images = inputs(images)
             targets = targets.to(device, non_blocking=True)
             logits = model(images)
             sums[0] += F.cross_entropy(logits.float(), targets, reduction="sum")
@@ -126,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 model = build_model(cfg.model, num_classes).to(env.device)
                 load_model_weights(model, state["model"], path)
-                metrics = evaluate_model(model, val_loader, env.device, cfg.trainer.precision)
+                inputs = DeviceImages(env.device, cfg.data.name, cfg.model.channels_last)
+                metrics = evaluate_model(model, val_loader, inputs, cfg.trainer.precision)
             finally:
                 shut_down_workers(val_loader)
         finally:

@@ -8,7 +8,9 @@ prefixes, the same for a DDP, FSDP or compiled run) and <output_dir>/export/mode
 torch.export program that classifies a batch of normalised images without this project's code:
 
     program = torch.export.load("model.pt2").module()
-    logits = program(images)   # images: float32 (N, 3, H, W), normalised like validation data
+    logits = program(images)   # images: float32 (N, 3, H, W), (pixels / 255 - mean) / std
+
+with data.name's mean and std from data.MEAN_STD, as training normalises them (data.DeviceImages).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from torch import nn
 
 from .checkpoint import atomic_write, save_weights
 from .config import ConfigError, error_line
-from .data import build_datasets
+from .data import DeviceImages, build_datasets
 from .evaluate import load_model_weights, restore_trained
 from .model import build_model
 
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(cfg.run.output_dir) / "export"
     save_weights(model.state_dict(), out / "model.safetensors")
-    example = torch.stack([val_set[i][0] for i in range(2)])
+    example = DeviceImages(torch.device("cpu"), cfg.data.name)(torch.stack([val_set[i][0] for i in range(2)]))
     program = export_program(model, example)
     atomic_write(out / "model.pt2", lambda tmp: torch.export.save(program, str(tmp)))
     print(f"exported {path} to {out}/model.safetensors and {out}/model.pt2")

@@ -44,7 +44,7 @@ from .checkpoint import (
     set_rng_state,
 )
 from .config import Config, ConfigError, error_line, load_config, parse_args, to_dict, to_yaml
-from .data import build_datasets, build_train_loader, build_val_loader, shut_down_workers
+from .data import DeviceImages, build_datasets, build_train_loader, build_val_loader, shut_down_workers
 from .evaluate import autocast, evaluate_model, mismatch
 from .metrics import MetricsLogger, PerfMeter, SampleMean, truncate_metrics
 from .model import build_model, classification_loss, train_mode
@@ -142,8 +142,8 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     )  # fmt: skip
 
     # Model on its device first, then the wrappers, then the optimizer over its parameters.
-    memory_format = torch.channels_last if cfg.model.channels_last else torch.contiguous_format
-    model = build_model(cfg.model, num_classes).to(env.device, memory_format=memory_format)
+    inputs = DeviceImages(env.device, cfg.data.name, cfg.model.channels_last)  # normalised on the device
+    model = build_model(cfg.model, num_classes).to(env.device, memory_format=inputs.memory_format)
     seed_everything(cfg.run.seed + env.rank)  # per-rank streams (e.g. dropout); augmentation is seeded per sample
     model = distributed.wrap_model(model, cfg, env)
     if cfg.model.compile:
@@ -240,7 +240,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                 leave=False,
             )
             for micro, (images, targets) in enumerate(bar, start=done):
-                images = images.to(env.device, non_blocking=True, memory_format=memory_format)
+                images = inputs(images)
                 targets = targets.to(env.device, non_blocking=True)  # the whole batch moves, not just inputs
                 if micro % accum == 0:
                     optimizer.zero_grad(set_to_none=True)
@@ -311,7 +311,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                 progress.epoch, progress.samples_done = progress.epoch + 1, 0
 
             with perf.excluded():  # validation and saving are not training time
-                val = evaluate_model(distributed.without_ddp(model), val_loader, env.device, tcfg.precision)
+                val = evaluate_model(distributed.without_ddp(model), val_loader, inputs, tcfg.precision)
                 check_finite("val/loss", val["val/loss"], progress.step, tcfg.precision)  # before anything is saved
                 if val["val/acc"] > progress.best_acc:
                     progress.best_acc, progress.best_step = val["val/acc"], progress.step
@@ -329,7 +329,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                 )
                 save()
         if not val:  # resumed a finished run: report its metrics again
-            val = evaluate_model(distributed.without_ddp(model), val_loader, env.device, tcfg.precision)
+            val = evaluate_model(distributed.without_ddp(model), val_loader, inputs, tcfg.precision)
     finally:
         logger.close()
         shut_down_workers(train_loader, val_loader)
