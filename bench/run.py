@@ -15,7 +15,9 @@ with the contenders alternating inside every repetition (so drift in machine loa
    generated loop) and without skipping;
 4. 2 processes vs 1 at one thread each: samples/s;
 5. the share of training time spent waiting for data (perf/data_wait) with the default pipeline;
-6. the README's demo (no arguments, 3 epochs): wall time and final val/acc (full run only).
+6. the README's demo (no arguments, 3 epochs): wall time and final val/acc (full run only);
+7. what a GPU would wait on: normalised 224x224 images/s from the training loader (2 workers),
+   the project's uint8 hand-off vs per-sample float normalisation in the workers.
 
 Prints one `name: value` line per figure, then a summary table against the targets; writes
 bench/results/cpu.json (or --json FILE).
@@ -228,6 +230,23 @@ class Bench:
             self.figures["samples_per_s/2_process"] / self.figures["samples_per_s/1_process"],
         )
 
+    def input_pipeline(self) -> None:
+        """7: normalised 224x224 images/s from the training loader, uint8 vs float hand-off."""
+        batches = 4 if self.quick else 20
+        speeds = {"uint8": [], "float": []}
+        for _ in range(self.reps):
+            for handoff, values in speeds.items():
+                command = [sys.executable, str(HERE / "loader.py"), "--package", self.package]
+                command += ["--handoff", handoff, "--batches", str(batches)]
+                values.append(run_json(command, self.project, self.env)["images_per_s"])
+        for handoff, values in speeds.items():
+            self.record(f"loader_224px/{handoff}_handoff/images_per_s", statistics.median(values))
+        self.record(
+            "loader_224px/uint8_over_float_handoff",
+            self.figures["loader_224px/uint8_handoff/images_per_s"]
+            / self.figures["loader_224px/float_handoff/images_per_s"],
+        )
+
 
 TARGETS = [
     # (figure, target text, check)
@@ -293,6 +312,7 @@ def main() -> int:
         bench.startup()
         bench.ddp_accumulation()
         bench.scaling()
+        bench.input_pipeline()
         if not args.quick:
             bench.demo()
     import torch

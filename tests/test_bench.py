@@ -19,6 +19,9 @@ FIGURES = [
     "samples_per_s/1_process",
     "samples_per_s/2_process",
     "data_wait/resnet18_default_pipeline",
+    "loader_224px/uint8_handoff/images_per_s",
+    "loader_224px/float_handoff/images_per_s",
+    "loader_224px/uint8_over_float_handoff",
 ]
 
 
@@ -55,10 +58,12 @@ def test_accumulation_all_reduces_once_per_step_and_the_counter_sees_every_round
 
 
 def test_times_and_shares_are_in_range(quick):
-    """Step and start-up times are positive, and the data-wait share is a fraction."""
+    """Step and start-up times and loader speeds are positive; the data-wait share is a fraction."""
     figures = quick[1]["figures"]
     assert all(
-        figures[n] > 0 for n in FIGURES if n.startswith(("step_s/", "startup_s/", "samples"))
+        figures[n] > 0
+        for n in FIGURES
+        if n.startswith(("step_s/", "startup_s/", "samples", "loader_"))
     )
     assert 0 <= figures["data_wait/resnet18_default_pipeline"] <= 1
 

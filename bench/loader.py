@@ -1,0 +1,69 @@
+"""Normalised 224x224 batches per second from the generated project's training loader.
+
+    python bench/loader.py --package my_trainer --handoff uint8 --batches 20
+
+What a GPU run waits on when the model is fast: the default pipeline (synthetic images, random
+crop and flip, seeded per sample) at 224x224, batch 64, 2 workers. Two hand-offs:
+
+- uint8: the project's pipeline. Workers return uint8 images; the consumer turns each batch into
+  normalised float32 with the project's DeviceImages (here on the CPU, so its cost is counted).
+- float: the common idiom the project replaced. Workers append ToDtype + Normalize to every
+  sample and hand over float32, four times the bytes.
+
+Both end with the same normalised float32 batch in the training process. Prints JSON with
+images_per_s over the batches after the first two (worker start-up is left out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--package", default="my_trainer")
+    parser.add_argument("--handoff", choices=["uint8", "float"], required=True)
+    parser.add_argument("--batches", type=int, default=20)
+    args = parser.parse_args()
+
+    import torch
+    from torchvision.transforms import v2
+
+    data = importlib.import_module(f"{args.package}.data")
+    config = importlib.import_module(f"{args.package}.config")
+    batch = 64
+    cfg = config.DataConfig(
+        image_size=224, batch_size=batch, num_workers=2, train_size=batch * (args.batches + 2)
+    )
+    if args.handoff == "float":
+        project_transforms = data.build_transforms
+
+        def float_transforms(cfg, train):
+            mean, std = data.MEAN_STD[cfg.name]
+            steps = project_transforms(cfg, train).transforms
+            steps += [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+            return v2.Compose(steps)
+
+        data.build_transforms = float_transforms
+    train_set, _, _ = data.build_datasets(cfg)
+    loader = data.build_train_loader(cfg, train_set, seed=0)
+    inputs = data.DeviceImages(torch.device("cpu"), cfg.name)
+    loader.sampler.set_position(0, 0)
+    images_seen = 0
+    for index, (images, targets) in enumerate(loader):
+        images = inputs(images)  # uint8: normalised here; float: moved unchanged
+        assert images.dtype == torch.float32
+        if index == 1:
+            started = time.perf_counter()
+        elif index > 1:
+            images_seen += len(targets)
+    elapsed = time.perf_counter() - started
+    data.shut_down_workers(loader)
+    print(json.dumps({"images_per_s": images_seen / elapsed}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
