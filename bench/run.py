@@ -7,8 +7,9 @@
 It bakes the template's defaults, then measures, each figure the median of --reps repetitions
 with the contenders alternating inside every repetition (so drift in machine load hits all alike):
 
-1. steady-state seconds per optimizer step: the generated loop, a minimal raw PyTorch loop and
-   Lightning's Trainer, on a tiny MLP (overhead-bound) and the default ResNet-18 (compute-bound);
+1. steady-state seconds per optimizer step (each run's median step; the ratio of mean steps too):
+   the generated loop, a minimal raw PyTorch loop and Lightning's Trainer, on a tiny MLP
+   (overhead-bound) and the default ResNet-18 (compute-bound);
 2. seconds from process start to the end of the first optimizer step, same three contenders;
 3. DDP with trainer.grad_accum_steps=4 on 2 gloo processes: gradient all-reduce rounds per
    optimizer step and step time, with the sync skipped on the first 3 micro-batches (the
@@ -94,16 +95,17 @@ class Bench:
         result = run_json(command, self.project, self.env)
         return result, started, out
 
-    def step_times(self, model: str, warmup: int, steps: int, log_every: int) -> None:
+    def step_times(self, model: str, warmup: int, steps: int, log_every: int, reps: int) -> None:
         """1 (and 5, from the generated ResNet-18 runs' own log: its window of the timed steps)."""
-        times = {c: [] for c in CONTENDERS}
+        times, means = {c: [] for c in CONTENDERS}, {c: [] for c in CONTENDERS}
         waits, params = [], {}
-        for rep in range(self.reps):
+        for rep in range(reps):
             for contender in CONTENDERS:
                 result, _, out = self.contender(
                     "steps", contender, model, rep, warmup, steps, log_every
                 )
                 times[contender].append(result["step_s"])
+                means[contender].append(result["mean_step_s"])
                 params.setdefault(contender, result["params"])
                 if contender == "generated" and model == "resnet18":
                     windows = [r for r in read_records(out) if "perf/data_wait" in r]
@@ -117,6 +119,12 @@ class Bench:
         self.record(f"ratio/{model}/generated_over_raw", medians["generated"] / medians["raw"])
         self.record(
             f"ratio/{model}/generated_over_lightning", medians["generated"] / medians["lightning"]
+        )
+        by_mean = {
+            c: statistics.median(v) for c, v in means.items()
+        }  # log steps and slow spells in
+        self.record(
+            f"ratio/{model}/generated_over_raw_by_mean_step", by_mean["generated"] / by_mean["raw"]
         )
         if waits:
             self.record("data_wait/resnet18_default_pipeline", statistics.median(waits))
@@ -304,11 +312,12 @@ def main() -> int:
         project, package = bake(Path(tmp))
         bench = Bench(project, package, Path(tmp), reps, args.quick)
         if args.quick:
-            bench.step_times("mlp", warmup=2, steps=3, log_every=10)
-            bench.step_times("resnet18", warmup=2, steps=2, log_every=2)
+            bench.step_times("mlp", warmup=2, steps=3, log_every=10, reps=1)
+            bench.step_times("resnet18", warmup=2, steps=2, log_every=2, reps=1)
         else:
-            bench.step_times("mlp", warmup=10, steps=100, log_every=10)
-            bench.step_times("resnet18", warmup=10, steps=10, log_every=10)
+            # A tiny-MLP step is 2-3 ms, where this machine's slow spells weigh most: more runs.
+            bench.step_times("mlp", warmup=20, steps=300, log_every=10, reps=2 * reps + 1)
+            bench.step_times("resnet18", warmup=10, steps=10, log_every=10, reps=reps)
         bench.startup()
         bench.ddp_accumulation()
         bench.scaling()

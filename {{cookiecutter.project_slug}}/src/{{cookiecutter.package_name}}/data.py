@@ -177,6 +177,12 @@ class SeededAugmentation(Dataset):
             torch.default_generator.manual_seed(seed)
             return self.dataset[index]
 
+    def __getitems__(self, keys: list[tuple[int, int]]) -> list:
+        """A whole batch in one call (DataLoader fetches batches through it when it exists)."""
+        if not self.augment:
+            return [self.dataset[index] for _, index in keys]
+        return [self[key] for key in keys]
+
 
 class ResumableSampler(DistributedSampler):
     """DistributedSampler (shuffled by seed and epoch) that can start part-way into an epoch.

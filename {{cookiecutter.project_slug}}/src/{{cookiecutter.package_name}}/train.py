@@ -250,7 +250,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                         logits = model(images)
                         loss = classification_loss(logits, targets)
                     try:
-                        scaler.scale(loss / accum).backward()
+                        scaler.scale(loss / accum if accum > 1 else loss).backward()
                     except RuntimeError as err:
                         if not tcfg.detect_anomaly:
                             raise
@@ -263,14 +263,15 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                     continue
                 scaler.unscale_(optimizer)  # true gradients for the norm (a no-op unless fp16)
                 grad_norm = gradient_norm(model, tcfg.grad_clip)  # the same on every rank
-                bad = ~torch.isfinite(grad_norm)  # stays on the device; read at log and save time
-                nonfinite.add_(bad)
-                first_nonfinite.copy_(torch.where(bad & (first_nonfinite < 0), progress.step + 1, first_nonfinite))
+                # A norm is >= 0, so "not below infinity" is exactly inf or NaN: 2 ops, not isfinite's 5.
+                bad = ~(grad_norm < math.inf)  # stays on the device; read at log and save time
                 lr = scheduler.get_last_lr()[0]  # the rate this step uses
                 if scaler.is_enabled():
+                    nonfinite.add_(bad)  # fp16 overflow: expected now and then, counted
                     scaler.step(optimizer)  # skips the step itself on inf/NaN gradients
                     scaler.update()
                 else:
+                    first_nonfinite.masked_fill_(bad & (first_nonfinite < 0), progress.step + 1)
                     step_if_finite(optimizer, bad)
                 scheduler.step()  # per optimizer step, not per micro-batch
                 distributed.broadcast_buffers(model)  # FSDP: one set of BatchNorm statistics, as DDP keeps
