@@ -1,25 +1,31 @@
-"""Normalised 224x224 batches per second from the generated project's training loader.
+"""The generated project's training loader at 224x224: worker CPU per sample, and images/s.
 
     python bench/loader.py --package my_trainer --handoff uint8 --batches 20
 
 What a GPU run waits on when the model is fast: the default pipeline (synthetic images, random
-crop and flip, seeded per sample) at 224x224, batch 64, 2 workers. Two hand-offs:
+crop and flip, seeded per sample) at 224x224, batch 64. Two hand-offs:
 
 - uint8: the project's pipeline. Workers return uint8 images; the consumer turns each batch into
-  normalised float32 with the project's DeviceImages (here on the CPU, so its cost is counted).
+  normalised float32 with the project's DeviceImages (on a GPU run, on the GPU).
 - float: the common idiom the project replaced. Workers append ToDtype + Normalize to every
   sample and hand over float32, four times the bytes.
 
-Both end with the same normalised float32 batch in the training process. Prints JSON with
-images_per_s over the batches after the first two (worker start-up is left out).
+Prints JSON with two figures:
+- worker_ms_per_sample: the CPU one worker spends per sample (fetch, transforms, collation),
+  measured in this process on one thread. This bounds what N workers can feed a GPU.
+- images_per_s: normalised float32 batches through a DataLoader with 2 workers, the consumer
+  normalising uint8 batches on this CPU (so that cost counts here; on a GPU it would not), over
+  the batches after the first two (worker start-up is left out).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import itertools
 import json
 import time
+from dataclasses import replace
 
 
 def main() -> None:
@@ -49,6 +55,18 @@ def main() -> None:
 
         data.build_transforms = float_transforms
     train_set, _, _ = data.build_datasets(cfg)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as in a DataLoader worker
+    in_process = data.build_train_loader(replace(cfg, num_workers=0), train_set, seed=0)
+    in_process.sampler.set_position(0, 0)
+    batches = iter(in_process)
+    next(batches)  # first-call costs
+    started = time.process_time()
+    samples = sum(len(targets) for _, targets in itertools.islice(batches, args.batches))
+    worker_ms = 1000 * (time.process_time() - started) / samples
+    torch.set_num_threads(threads)
+
     loader = data.build_train_loader(cfg, train_set, seed=0)
     inputs = data.DeviceImages(torch.device("cpu"), cfg.name)
     loader.sampler.set_position(0, 0)
@@ -62,7 +80,8 @@ def main() -> None:
             images_seen += len(targets)
     elapsed = time.perf_counter() - started
     data.shut_down_workers(loader)
-    print(json.dumps({"images_per_s": images_seen / elapsed}), flush=True)
+    result = {"worker_ms_per_sample": worker_ms, "images_per_s": images_seen / elapsed}
+    print(json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

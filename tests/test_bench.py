@@ -19,9 +19,13 @@ FIGURES = [
     "samples_per_s/1_process",
     "samples_per_s/2_process",
     "data_wait/resnet18_default_pipeline",
-    "loader_224px/uint8_handoff/images_per_s",
-    "loader_224px/float_handoff/images_per_s",
-    "loader_224px/uint8_over_float_handoff",
+    *(
+        f"loader_224px/{h}_handoff/{k}"
+        for h in ("uint8", "float")
+        for k in ("worker_ms_per_sample", "images_per_s")
+    ),
+    "loader_224px/worker_cpu_float_over_uint8",
+    "loader_224px/images_per_s_uint8_over_float",
 ]
 
 
