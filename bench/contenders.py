@@ -5,6 +5,7 @@
 
 `steps` prints the steady-state seconds per optimizer step: the median duration of steps
 warmup+1 .. warmup+steps (robust to the slow spells of a shared machine), and their mean.
+`ops` prints the tensor operations per optimizer step over the same steps (no timing).
 `startup` prints the wall-clock time at which the first optimizer step finished; the caller
 subtracts the moment it started this process. Both time every contender the same way, with a
 global optimizer-step hook, so no contender measures itself.
@@ -52,6 +53,36 @@ def steps_hook(total: int):
 
     register_optimizer_step_post_hook(hook)
     return times
+
+
+def ops_hook(first: int, last: int) -> dict:
+    """Count the tensor operations (aten ops through the dispatcher) of steps first+1 .. last.
+
+    Timing on a shared machine moves by tens of percent between runs; this count does not, so it
+    shows what a loop itself adds per step. The ops of DataLoader workers (other processes) are
+    not counted; with in-process loading, the data's are.
+    """
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts = {"steps": 0, "ops": 0}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            counts["ops"] += 1
+            return func(*args, **(kwargs or {}))
+
+    mode = Count()
+
+    def hook(optimizer, args, kwargs):
+        counts["steps"] += 1
+        if counts["steps"] == first:
+            mode.__enter__()
+        elif counts["steps"] == last:
+            mode.__exit__(None, None, None)
+
+    register_optimizer_step_post_hook(hook)
+    return counts
 
 
 def startup_hook():
@@ -245,7 +276,7 @@ def run_generated(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=["steps", "startup"])
+    parser.add_argument("what", choices=["steps", "startup", "ops"])
     parser.add_argument("--contender", choices=["generated", "raw", "lightning"], required=True)
     parser.add_argument("--model", choices=sorted(SHAPES), default="resnet18")
     parser.add_argument("--package", default="my_trainer")
@@ -263,6 +294,8 @@ def main() -> None:
             10**6,
             DEFAULT_TRAIN_SIZE,
         )  # the hook ends the process at the first step
+    elif args.what == "ops":
+        counts = ops_hook(args.warmup, total)
     else:
         times = steps_hook(total)
     if args.contender == "generated":
@@ -283,6 +316,8 @@ def main() -> None:
         ]
         result = {"step_s": statistics.median(steps), "mean_step_s": statistics.mean(steps)}
         print(json.dumps({**result, "params": PARAMS[0]}), flush=True)
+    elif args.what == "ops":
+        print(json.dumps({"ops_per_step": counts["ops"] / args.steps}), flush=True)
 
 
 if __name__ == "__main__":

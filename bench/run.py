@@ -9,7 +9,8 @@ with the contenders alternating inside every repetition (so drift in machine loa
 
 1. steady-state seconds per optimizer step (each run's median step; the ratio of mean steps too):
    the generated loop, a minimal raw PyTorch loop and Lightning's Trainer, on a tiny MLP
-   (overhead-bound) and the default ResNet-18 (compute-bound);
+   (overhead-bound) and the default ResNet-18 (compute-bound); on the MLP also the tensor
+   operations per step, a count that this machine's timing noise does not move;
 2. seconds from process start to the end of the first optimizer step, same three contenders;
 3. DDP with trainer.grad_accum_steps=4 on 2 gloo processes: gradient all-reduce rounds per
    optimizer step and step time, with the sync skipped on the first 3 micro-batches (the
@@ -129,6 +130,17 @@ class Bench:
         )
         if waits:
             self.record("data_wait/resnet18_default_pipeline", statistics.median(waits))
+
+    def op_counts(self, model: str, warmup: int, steps: int) -> None:
+        """1b: tensor operations per optimizer step (a count, so one run each)."""
+        counts = {}
+        for contender in CONTENDERS:
+            result, _, _ = self.contender("ops", contender, model, 0, warmup, steps)
+            counts[contender] = result["ops_per_step"]
+            self.record(f"ops_per_step/{model}/{contender}", counts[contender])
+        self.record(
+            f"ops_per_step/{model}/generated_minus_raw", counts["generated"] - counts["raw"]
+        )
 
     def demo(self) -> None:
         """The README's demo: `python -m PACKAGE.train` with no arguments, start to finish."""
@@ -322,10 +334,12 @@ def main() -> int:
         bench = Bench(project, package, Path(tmp), reps, args.quick)
         if args.quick:
             bench.step_times("mlp", warmup=2, steps=3, log_every=10, reps=1)
+            bench.op_counts("mlp", warmup=2, steps=10)
             bench.step_times("resnet18", warmup=2, steps=2, log_every=2, reps=1)
         else:
             # A tiny-MLP step is 2-3 ms, where this machine's slow spells weigh most: more runs.
             bench.step_times("mlp", warmup=20, steps=300, log_every=10, reps=2 * reps + 1)
+            bench.op_counts("mlp", warmup=20, steps=100)
             bench.step_times("resnet18", warmup=10, steps=10, log_every=10, reps=reps)
         bench.startup()
         bench.ddp_accumulation()

@@ -19,6 +19,7 @@ FIGURES = [
     "samples_per_s/1_process",
     "samples_per_s/2_process",
     "data_wait/resnet18_default_pipeline",
+    *(f"ops_per_step/mlp/{c}" for c in ("generated", "raw", "lightning")),
     *(
         f"loader_224px/{h}_handoff/{k}"
         for h in ("uint8", "float")
@@ -67,7 +68,7 @@ def test_times_and_shares_are_in_range(quick):
     assert all(
         figures[n] > 0
         for n in FIGURES
-        if n.startswith(("step_s/", "startup_s/", "samples", "loader_"))
+        if n.startswith(("step_s/", "startup_s/", "samples", "loader_", "ops_"))
     )
     assert 0 <= figures["data_wait/resnet18_default_pipeline"] <= 1
 
