@@ -123,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
             _, val_set, num_classes = build_datasets(cfg.data)
             val_loader = build_val_loader(cfg.data, val_set, rank=env.rank, world_size=env.world_size)
             try:
-                model = build_model(cfg.model, num_classes).to(env.device)
-                load_model_weights(model, state["model"], path)
                 inputs = DeviceImages(env.device, cfg.data.name, cfg.model.channels_last)
+                model = build_model(cfg.model, num_classes).to(env.device, memory_format=inputs.memory_format)
+                load_model_weights(model, state["model"], path)
                 metrics = evaluate_model(model, val_loader, inputs, cfg.trainer.precision)
             finally:
                 shut_down_workers(val_loader)
