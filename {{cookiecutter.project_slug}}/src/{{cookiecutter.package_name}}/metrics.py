@@ -29,10 +29,12 @@ class SampleMean:
         self.count = 0
 
     def update(self, batch_mean: torch.Tensor | float, n: int) -> None:
-        if torch.is_tensor(batch_mean) and torch.is_tensor(self.total):
-            self.total = torch.add(self.total, batch_mean.detach(), alpha=n)  # one op: total + mean * n
+        if torch.is_tensor(batch_mean):
+            batch_mean = batch_mean.detach()
+        if torch.is_tensor(self.total):
+            self.total = torch.add(self.total, batch_mean, alpha=n)  # one op: total + mean * n
         else:
-            self.total = self.total + (batch_mean.detach() if torch.is_tensor(batch_mean) else batch_mean) * n
+            self.total = self.total + batch_mean * n
         self.count += n
 
     @property
