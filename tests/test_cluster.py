@@ -16,6 +16,7 @@ from conftest import bake
 
 STUB_SRUN = """#!/bin/bash
 printf '%s\\n' "$@" > "$SRUN_ARGS"
+echo "$MASTER_ADDR:$MASTER_PORT" > "$SRUN_ARGS.master"
 exit "${SRUN_EXIT:-0}"
 """
 # Emulates srun on one node: SLURM_NTASKS copies of the command with SLURM's task variables,
@@ -98,6 +99,23 @@ def test_slurm_script_launches_one_task_per_gpu_and_requeues_only_after_preempti
     assert (tmp_path / "requeued").exists() == requeued
     text = script.read_text()
     assert "#SBATCH --signal=USR1@120" in text and "#SBATCH --requeue" in text
+
+
+def test_slurm_script_takes_the_first_node_of_a_large_allocation_as_master(cookies, tmp_path):
+    """20000 host names (more than a pipe holds): the script reads the whole list, exports the
+    first host as MASTER_ADDR and runs training; cutting the list with `| head -n 1` under
+    pipefail killed the job with scontrol's SIGPIPE (status 141) before srun ran."""
+    baked = bake(cookies, cluster="slurm")
+    script, env = _slurm(baked, tmp_path, STUB_SRUN)
+    _stub(
+        tmp_path / "bin" / "scontrol",
+        STUB_SCONTROL.replace("${NODES:-gpu-node-7 gpu-node-8}", "gpu-node-{0..19999}"),
+    )
+    result = subprocess.run(
+        ["bash", str(script)], cwd=baked.path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "srun-args.master").read_text().strip() == "gpu-node-0:29500"
 
 
 def test_slurm_preemption_end_to_end_on_cpu(cookies, tmp_path):
