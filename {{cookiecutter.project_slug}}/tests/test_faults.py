@@ -321,6 +321,22 @@ def test_nan_gradient_stops_before_the_update_and_saves_nothing(tiny, run_dir, m
         assert torch.equal(param.detach(), saved[name]), name
 
 
+def test_the_first_non_finite_step_of_a_log_window_is_named(tiny, run_dir, monkeypatch, capsys):
+    """NaN losses at steps 2 and 3 of a 4-step log window: both updates are skipped on the device,
+    and the check at the log line (one host read per window) names step 2, the first of them."""
+    real_loss, calls = train_module.classification_loss, []
+
+    def nan_at_steps_2_and_3(logits, targets):
+        calls.append(1)
+        return real_loss(logits, targets) * (float("nan") if len(calls) in (2, 3) else 1.0)
+
+    monkeypatch.setattr(train_module, "classification_loss", nan_at_steps_2_and_3)
+    assert main([*tiny, "trainer.log_every=4", "trainer.checkpoint_every=100"]) == 1
+    err = capsys.readouterr().err
+    assert "gradient norm is not finite at step 2 " in err, err[-2000:]
+    assert not list_checkpoints(run_dir / "checkpoints")
+
+
 @pytest.mark.gpu
 def test_fp16_overflow_steps_are_skipped_counted_and_not_fatal(tiny, run_dir, monkeypatch):
     """fp16 on a GPU: a loss scaled up 1e6x at step 3 overflows the fp16 gradients, so the GradScaler

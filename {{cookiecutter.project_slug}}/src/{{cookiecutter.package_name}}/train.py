@@ -156,16 +156,20 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     scaler = torch.amp.GradScaler(env.device.type, enabled=tcfg.precision == "fp16")  # fp16 only
     progress = Progress()
     running = SampleMean()  # train/loss since the last log line
-    nonfinite = torch.zeros((), dtype=torch.int64, device=env.device)  # steps with an inf/NaN gradient norm
-    first_nonfinite = torch.full((), -1, dtype=torch.int64, device=env.device)
+    fp16 = scaler.is_enabled()
+    nonfinite: list[torch.Tensor] = []  # one flag per optimizer step since the last check: 1.0 = inf/NaN norm
 
     def check_updates() -> None:
         """At log and save time only (a host sync): stop if any update was non-finite (fp16: count it)."""
-        if scaler.is_enabled():  # the scaler skipped those steps and lowered its scale: expected in fp16
-            progress.skipped_steps += int(nonfinite.item())
-            nonfinite.zero_()
-        elif (bad := int(first_nonfinite.item())) >= 0:
-            raise Diverged(f"the gradient norm is not finite at step {bad} (that update was skipped; nothing "
+        if not nonfinite:
+            return
+        flags = torch.stack(nonfinite).tolist()  # one host read for the whole window
+        bad = [progress.step - len(flags) + 1 + i for i, flag in enumerate(flags) if flag]
+        nonfinite.clear()
+        if fp16:  # the scaler skipped those steps and lowered its scale: expected in fp16
+            progress.skipped_steps += len(bad)
+        elif bad:
+            raise Diverged(f"the gradient norm is not finite at step {bad[0]} (that update was skipped; nothing "
                            f"non-finite was saved); {REMEDIES}")  # fmt: skip
 
     def save() -> None:
@@ -263,15 +267,14 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                     continue
                 scaler.unscale_(optimizer)  # true gradients for the norm (a no-op unless fp16)
                 grad_norm = gradient_norm(model, tcfg.grad_clip)  # the same on every rank
-                # A norm is >= 0, so "not below infinity" is exactly inf or NaN: 2 ops, not isfinite's 5.
-                bad = ~(grad_norm < math.inf)  # stays on the device; read at log and save time
+                # norm - norm is 0 when finite and NaN for inf or NaN: 2 ops, no host sync; read by check_updates.
+                bad = (grad_norm - grad_norm).ne_(0)
+                nonfinite.append(bad)
                 lr = scheduler.get_last_lr()[0]  # the rate this step uses
-                if scaler.is_enabled():
-                    nonfinite.add_(bad)  # fp16 overflow: expected now and then, counted
+                if fp16:
                     scaler.step(optimizer)  # skips the step itself on inf/NaN gradients
                     scaler.update()
                 else:
-                    first_nonfinite.masked_fill_(bad & (first_nonfinite < 0), progress.step + 1)
                     step_if_finite(optimizer, bad)
                 scheduler.step()  # per optimizer step, not per micro-batch
                 distributed.broadcast_buffers(model)  # FSDP: one set of BatchNorm statistics, as DDP keeps
@@ -288,7 +291,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                         "train/grad_norm": grad_norm.item(),
                         **perf.read(),
                     }
-                    if scaler.is_enabled():
+                    if fp16:
                         metrics["train/skipped_steps"] = progress.skipped_steps
                     logger.log(metrics, progress.step, progress.epoch)
                     bar.set_postfix(loss=f"{train_loss:.4f}")
