@@ -315,6 +315,47 @@ def test_fsdp_bf16_keeps_batchnorm_weights_in_fp32(tmp_path):
     assert seen == {"conv": {torch.bfloat16}, "norm": {torch.float32}}
 
 
+COMPARE_BUFFERS = """
+import json, os, sys
+import torch
+import torch.distributed as dist
+from {{ cookiecutter.package_name }} import distributed, train
+
+broadcast_buffers, seen = distributed.broadcast_buffers, {"differed_before": 0, "differ_after": 0, "steps": 0}
+
+def same_on_every_rank(model):
+    mine = torch.cat([b.detach().reshape(-1).float() for b in model.buffers() if b.is_floating_point()])
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    return all(torch.equal(everyone[0], other) for other in everyone)
+
+def broadcast_and_compare(model):
+    seen["steps"] += 1
+    seen["differed_before"] += not same_on_every_rank(model)
+    broadcast_buffers(model)
+    seen["differ_after"] += not same_on_every_rank(model)
+
+distributed.broadcast_buffers = broadcast_and_compare
+code = train.main(sys.argv[1:])
+with open(os.environ["BUFFER_COUNTS"] + os.environ["RANK"], "w") as f:
+    json.dump(seen, f)
+sys.exit(code)
+"""
+
+
+def test_fsdp_ranks_keep_one_set_of_batchnorm_statistics(tiny, tmp_path):
+    """Under FSDP each rank's BatchNorm statistics move on its own batches; after every optimizer
+    step all ranks hold rank 0's (as DDP keeps them), checked by gathering every buffer."""
+    script = tmp_path / "compare_buffers.py"
+    script.write_text(COMPARE_BUFFERS)
+    counts = tmp_path / "buffers-rank"
+    overrides = ["distributed.strategy=fsdp", "trainer.max_steps=3", f"run.output_dir={tmp_path / 'run'}"]
+    torchrun(2, [*tiny, *overrides], script=[str(script)], BUFFER_COUNTS=str(counts))
+    for rank in (0, 1):
+        seen = json.loads(Path(f"{counts}{rank}").read_text())
+        assert seen == {"differed_before": 3, "differ_after": 0, "steps": 3}, (rank, seen)
+
+
 COUNT_SYNCS = """
 import json, os, sys
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook

@@ -177,10 +177,10 @@ def broadcast_buffers(model: nn.Module) -> None:
     if buffers:
         flat = torch.cat([b.reshape(-1) for b in buffers])
         dist.broadcast(flat, src=0)
-        offset = 0
-        for b in buffers:
-            b.copy_(flat[offset : offset + b.numel()].view_as(b))
-            offset += b.numel()
+        if dist.get_rank() == 0:  # the source: its buffers already hold these values
+            return
+        for b, value in zip(buffers, flat.split([b.numel() for b in buffers]), strict=True):
+            b.copy_(value.view_as(b))
 
 
 # torch.distributed.checkpoint's state-dict API is imported where it is used (about 0.1 s): a run
