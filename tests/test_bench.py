@@ -19,6 +19,11 @@ FIGURES = [
     "samples_per_s/1_process",
     "samples_per_s/2_process",
     "data_wait/resnet18_default_pipeline",
+    *(
+        f"ratio/{m}/generated_over_raw_paired{q}"
+        for m in ("mlp", "resnet18")
+        for q in ("", "_q1", "_q3")
+    ),
     *(f"ops_per_step/mlp/{c}" for c in ("generated", "raw", "lightning")),
     *(
         f"loader_224px/{h}_handoff/{k}"
