@@ -20,8 +20,9 @@ FIGURES = [
     "samples_per_s/2_process",
     "data_wait/resnet18_default_pipeline",
     *(
-        f"ratio/{m}/generated_over_raw_paired{q}"
+        f"ratio/{m}/generated_over_{c}_paired{q}"
         for m in ("mlp", "resnet18")
+        for c in ("raw", "lightning")
         for q in ("", "_q1", "_q3")
     ),
     *(f"ops_per_step/mlp/{c}" for c in ("generated", "raw", "lightning")),
