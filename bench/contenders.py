@@ -21,6 +21,7 @@ import a contender makes.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -308,12 +309,7 @@ def main() -> None:
     if args.what == "steps":
         if len(times) < total:
             sys.exit(f"only {len(times)} of {total} optimizer steps ran")
-        steps = [
-            b - a
-            for a, b in zip(
-                times[args.warmup - 1 : total - 1], times[args.warmup : total], strict=True
-            )
-        ]
+        steps = [b - a for a, b in itertools.pairwise(times[args.warmup - 1 : total])]
         result = {"step_s": statistics.median(steps), "mean_step_s": statistics.mean(steps)}
         print(json.dumps({**result, "params": PARAMS[0]}), flush=True)
     elif args.what == "ops":
