@@ -2,6 +2,8 @@
 
 import json
 import os
+import platform
+import resource
 import socket
 import subprocess
 import sys
@@ -398,6 +400,47 @@ def test_accumulation_all_reduces_once_per_optimizer_step(tiny, tmp_path):
         SYNC_COUNTS=str(counts),
     )
     assert [json.loads(Path(f"{counts}{rank}").read_text()) for rank in (0, 1)] == [3, 3]
+
+
+ALLOCATE_AND_FREE = """
+import resource, sys
+import torch
+from {{ cookiecutter.package_name }}.train import cache_freed_memory
+
+cached = cache_freed_memory() if sys.argv[1] == "cache" else False
+for _ in range(3):  # a step's activations: 64 MiB written, then freed
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    torch.ones(2**24)
+print(cached, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="tunes glibc's malloc")
+def test_freed_memory_is_reused_instead_of_faulted_in_again():
+    """After cache_freed_memory() a freed 64 MiB tensor's pages serve the next one: no page faults."""
+    plain_env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+
+    def third_allocation(mode: str, **env) -> tuple[bool, int]:
+        command = [sys.executable, "-c", ALLOCATE_AND_FREE, mode]
+        done = subprocess.run(command, capture_output=True, text=True, check=True, env={**plain_env, **env})
+        cached, faults = done.stdout.split()
+        return cached == "True", int(faults)
+
+    pages = 2**26 // resource.getpagesize()
+    cached, faults = third_allocation("cache")
+    assert cached and faults < pages // 100
+    _, faults_by_default = third_allocation("plain")
+    assert faults_by_default > 10 * faults  # glibc's default unmaps it and faults every page in again
+    applied, faults_with_own_setting = third_allocation("cache", MALLOC_ARENA_MAX="2")
+    assert not applied and faults_with_own_setting > 10 * faults  # a user's own malloc setting is left alone
+
+
+@pytest.mark.parametrize(("overrides", "calls"), [([], 1), (["run.cache_cpu_memory=false"], 0)])
+def test_cpu_training_caches_freed_memory_unless_turned_off(tiny, monkeypatch, overrides, calls):
+    called = []
+    monkeypatch.setattr(train_module, "cache_freed_memory", lambda: called.append(True))
+    assert main([*tiny, "trainer.max_steps=1", *overrides]) == 0
+    assert len(called) == calls
 
 
 def test_channels_last_trains(tiny, run_dir):

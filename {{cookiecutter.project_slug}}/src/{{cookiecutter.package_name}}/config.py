@@ -49,6 +49,8 @@ class RunConfig:
     """Deterministic kernels only (cudnn.deterministic, use_deterministic_algorithms); slower."""
     device: str = "auto"
     """auto (CUDA when available, else CPU), cpu or cuda."""
+    cache_cpu_memory: bool = True
+    """CPU on Linux: reuse freed memory in the next step, not return it to the system (faster; keeps the peak)."""
 
 
 @dataclass
