@@ -4,7 +4,8 @@
     python bench/contenders.py startup --contender generated --package my_trainer
 
 `steps` prints the steady-state seconds per optimizer step: the median duration of steps
-warmup+1 .. warmup+steps (robust to the slow spells of a shared machine), and their mean.
+warmup+1 .. warmup+steps (robust to the slow spells of a shared machine), and their mean, and the
+process's minor page faults per step over the same steps.
 `ops` prints the tensor operations per optimizer step over the same steps (no timing).
 `startup` prints the wall-clock time at which the first optimizer step finished; the caller
 subtracts the moment it started this process. Both time every contender the same way, with a
@@ -14,6 +15,8 @@ The raw and Lightning contenders build the same data (the generated project's sy
 and transforms, rewritten here without the project's code: uint8 from the loader, normalised a
 batch at a time), the same model, the same AdamW (fused, no weight decay on biases and norm
 weights), warmup-cosine schedule, gradient clipping at 1.0 and a loss read every 10 steps.
+`raw_cached` is the raw loop with the allocator setting the generated project makes on CPU
+(`run.cache_cpu_memory`): the two then differ by their loops alone.
 Nothing is imported at module level beyond the standard library, so `startup` counts every
 import a contender makes.
 """
@@ -37,16 +40,25 @@ SHAPES = {"mlp": (16, 64, False, 0), "resnet18": (32, 128, True, 2)}
 
 
 PARAMS: list[int] = []
+FAULTS: list[int] = []
 
 
-def steps_hook(total: int):
-    """Record the time after every optimizer step; return the list the hook fills."""
+def steps_hook(first: int, total: int):
+    """Record the time after every optimizer step; return the list the hook fills.
+
+    Also counts the process's minor page faults (all threads) over steps first+1 .. total into
+    FAULTS: memory that malloc handed back to the system and the next step faults in again.
+    """
+    import resource
+
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     times: list[float] = []
 
     def hook(optimizer, args, kwargs):
         times.append(time.perf_counter())
+        if len(times) in (first, total):
+            FAULTS.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
         if len(times) == 1:  # a fingerprint of the model: every contender must train the same one
             PARAMS.append(
                 sum(p.numel() for group in optimizer.param_groups for p in group["params"])
@@ -54,6 +66,17 @@ def steps_hook(total: int):
 
     register_optimizer_step_post_hook(hook)
     return times
+
+
+def cache_freed_memory() -> None:
+    """What the generated project does on CPU (run.cache_cpu_memory), for raw_cached: glibc's malloc
+    without mmap and without trimming, so memory a step frees serves the next one."""
+    import ctypes
+
+    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>
+    libc = ctypes.CDLL(None)
+    if not (libc.mallopt(m_mmap_max, 0) and libc.mallopt(m_trim_threshold, -1)):
+        sys.exit("mallopt failed")
 
 
 def ops_hook(first: int, last: int) -> dict:
@@ -278,7 +301,9 @@ def run_generated(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["steps", "startup", "ops"])
-    parser.add_argument("--contender", choices=["generated", "raw", "lightning"], required=True)
+    parser.add_argument(
+        "--contender", choices=["generated", "raw", "lightning", "raw_cached"], required=True
+    )
     parser.add_argument("--model", choices=sorted(SHAPES), default="resnet18")
     parser.add_argument("--package", default="my_trainer")
     parser.add_argument("--warmup", type=int, default=5)
@@ -298,11 +323,13 @@ def main() -> None:
     elif args.what == "ops":
         counts = ops_hook(args.warmup, total)
     else:
-        times = steps_hook(total)
+        times = steps_hook(args.warmup, total)
     if args.contender == "generated":
         startup = args.what == "startup"
         run_generated(args.package, args.model, total, args.output_dir, startup, args.log_every)
-    elif args.contender == "raw":
+    elif args.contender in ("raw", "raw_cached"):
+        if args.contender == "raw_cached":
+            cache_freed_memory()
         run_raw(args.model, total, dataset_size, args.log_every)
     else:
         run_lightning(args.model, total, dataset_size, args.log_every)
@@ -311,6 +338,7 @@ def main() -> None:
             sys.exit(f"only {len(times)} of {total} optimizer steps ran")
         steps = [b - a for a, b in itertools.pairwise(times[args.warmup - 1 : total])]
         result = {"step_s": statistics.median(steps), "mean_step_s": statistics.mean(steps)}
+        result["faults_per_step"] = (FAULTS[1] - FAULTS[0]) / args.steps
         print(json.dumps({**result, "params": PARAMS[0]}), flush=True)
     elif args.what == "ops":
         print(json.dumps({"ops_per_step": counts["ops"] / args.steps}), flush=True)

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import math
+import platform
 import subprocess
 import sys
 
@@ -11,6 +12,10 @@ from conftest import ROOT
 
 FIGURES = [
     *(f"step_s/{m}/{c}" for m in ("mlp", "resnet18") for c in ("generated", "raw", "lightning")),
+    *(f"faults_per_step/{m}/{c}" for m in ("mlp", "resnet18") for c in ("generated", "raw")),
+    "step_s/resnet18/raw_cached",
+    "faults_per_step/resnet18/raw_cached",
+    *(f"ratio/resnet18/generated_over_raw_cached_paired{q}" for q in ("", "_q1", "_q3")),
     *(f"startup_s/{c}" for c in ("generated", "raw", "lightning")),
     "startup_overhead_s/generated",
     "startup_overhead_s/lightning",
@@ -77,6 +82,17 @@ def test_times_and_shares_are_in_range(quick):
         if n.startswith(("step_s/", "startup_s/", "samples", "loader_", "ops_"))
     )
     assert 0 <= figures["data_wait/resnet18_default_pipeline"] <= 1
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc malloc's")
+def test_the_generated_loop_reuses_freed_memory_where_raw_faults_it_in_again(quick):
+    """Each raw ResNet-18 step faults its activations in again (glibc's default allocator); the
+    generated loop's CPU allocator setting, also applied to raw as raw_cached, reuses them."""
+    figures = quick[1]["figures"]
+    raw = figures["faults_per_step/resnet18/raw"]
+    assert raw > 1000
+    assert figures["faults_per_step/resnet18/generated"] < raw / 10
+    assert figures["faults_per_step/resnet18/raw_cached"] < raw / 10
 
 
 def test_report_rewrites_only_the_marked_section_and_draws_the_plot(quick, tmp_path):
