@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from {{ cookiecutter.package_name }} import distributed
 from {{ cookiecutter.package_name }} import train as train_module
 from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint, list_checkpoints
 from {{ cookiecutter.package_name }}.config import load_config
@@ -405,7 +406,7 @@ def test_accumulation_all_reduces_once_per_optimizer_step(tiny, tmp_path):
 ALLOCATE_AND_FREE = """
 import resource, sys
 import torch
-from {{ cookiecutter.package_name }}.train import cache_freed_memory
+from {{ cookiecutter.package_name }}.distributed import cache_freed_memory
 
 cached = cache_freed_memory() if sys.argv[1] == "cache" else False
 for _ in range(3):  # a step's activations: 64 MiB written, then freed
@@ -438,7 +439,7 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again():
 @pytest.mark.parametrize(("overrides", "calls"), [([], 1), (["run.cache_cpu_memory=false"], 0)])
 def test_cpu_training_caches_freed_memory_unless_turned_off(tiny, monkeypatch, overrides, calls):
     called = []
-    monkeypatch.setattr(train_module, "cache_freed_memory", lambda: called.append(True))
+    monkeypatch.setattr(distributed, "cache_freed_memory", lambda: called.append(True))
     assert main([*tiny, "trainer.max_steps=1", *overrides]) == 0
     assert len(called) == calls
 

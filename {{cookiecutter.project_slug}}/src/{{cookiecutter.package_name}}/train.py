@@ -18,12 +18,10 @@ data or checkpoint, 75 stopped by a signal after writing a checkpoint (run the s
 
 from __future__ import annotations
 
-import ctypes
 import itertools
 import logging
 import math
 import os
-import platform
 import random
 import sys
 from dataclasses import asdict, dataclass
@@ -90,25 +88,6 @@ def use_deterministic_kernels(enabled: bool) -> None:
     torch.backends.cudnn.benchmark = not enabled
 
 
-def cache_freed_memory() -> bool:
-    """On CPU, keep freed memory for the next step, as CUDA's caching allocator does on a GPU.
-
-    glibc's malloc gives each large tensor its own mmap and unmaps it when the tensor is freed, so
-    every step faults its activations in again, page by page: about a tenth of the default model's
-    CPU step. With no mmap and no trimming, what a step frees serves the next one, and the process
-    keeps its peak memory. Changes nothing (returns False) off glibc, or where MALLOC_*,
-    GLIBC_TUNABLES or a preloaded allocator show that the user tuned the allocator themselves.
-    """
-    tuned = any(name.startswith("MALLOC_") for name in os.environ) or "glibc.malloc" in os.environ.get(
-        "GLIBC_TUNABLES", ""
-    )
-    if tuned or "malloc" in os.environ.get("LD_PRELOAD", "") or platform.libc_ver()[0] != "glibc":
-        return False
-    m_trim_threshold, m_mmap_max = -1, -4  # <malloc.h>; -1 as the threshold: never trim
-    libc = ctypes.CDLL(None)
-    return bool(libc.mallopt(m_mmap_max, 0)) and bool(libc.mallopt(m_trim_threshold, -1))
-
-
 def check_resumable(progress: Progress, global_batch: int, path: Path) -> None:
     """A mid-epoch checkpoint continues only where it ends on one of this run's optimizer steps."""
     if progress.samples_done % global_batch:
@@ -136,8 +115,6 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     checkpoints = output_dir / "checkpoints"
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING, format="%(asctime)s %(message)s")
     use_deterministic_kernels(cfg.run.deterministic)
-    if env.device.type == "cpu" and cfg.run.cache_cpu_memory:
-        cache_freed_memory()
     seed_everything(cfg.run.seed)  # the same initial weights on every rank: FSDP does not broadcast them
 
     if env.is_main:
