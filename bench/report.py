@@ -48,7 +48,8 @@ def cpu_section(results: dict) -> str:
     return "\n".join(
         [
             f"CPU: {results['machine']}, torch {results['torch']}, "
-            f"median of {results['reps']} repetitions ({2 * results['reps'] + 1} for the tiny MLP's"
+            f"median of {results['reps']} repetitions ({2 * results['reps'] + 1} for the tiny"
+            f" MLP's step times and the start-up times, {results['reps'] + 2} for ResNet-18's"
             " step times).",
             "",
             "![Step time relative to raw PyTorch, and start-up time](img/bench.png)",

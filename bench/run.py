@@ -1,6 +1,6 @@
 """Benchmark the generated training loop on CPU against raw PyTorch and Lightning.
 
-    python bench/run.py                 # the full run (about 14 minutes on 2 cores), `make bench`
+    python bench/run.py                 # the full run (about 25 minutes on 2 cores), `make bench`
     python bench/run.py --quick         # one short repetition of everything: a correctness check
     python bench/run.py --docs          # also rewrite the results in docs/performance.md + plot
 
@@ -188,10 +188,13 @@ class Bench:
         )
 
     def startup(self) -> None:
-        """2: process start to the end of the first optimizer step, default model and data."""
+        """2: process start to the end of the first optimizer step, default model and data.
+
+        A few seconds per run, of which the overheads compared are a few tenths: more runs.
+        """
         times = {c: [] for c in CONTENDERS}
-        for rep in range(self.reps):
-            for contender in CONTENDERS:
+        for rep in range(self.reps if self.quick else 2 * self.reps + 1):
+            for contender in CONTENDERS if rep % 2 == 0 else CONTENDERS[::-1]:
                 result, started, _ = self.contender("startup", contender, "resnet18", rep, 0, 0)
                 times[contender].append(result["first_step_at"] - started)
         medians = {c: statistics.median(v) for c, v in times.items()}
@@ -371,7 +374,7 @@ def main() -> int:
             # A tiny-MLP step is 2-3 ms, where this machine's slow spells weigh most: more runs.
             bench.step_times("mlp", warmup=20, steps=300, log_every=10, reps=2 * reps + 1)
             bench.op_counts("mlp", warmup=20, steps=100)
-            bench.step_times("resnet18", warmup=10, steps=10, log_every=10, reps=reps)
+            bench.step_times("resnet18", warmup=10, steps=10, log_every=10, reps=reps + 2)
         bench.startup()
         bench.ddp_accumulation()
         bench.scaling()
