@@ -83,7 +83,7 @@ def cache_freed_memory() -> bool:
     """On CPU, keep freed memory for the next step, as CUDA's caching allocator does on a GPU.
 
     glibc's malloc gives each large tensor its own mmap and unmaps it when the tensor is freed, so
-    every step faults its activations in again, page by page: about a tenth of the default model's
+    every step faults its activations in again, page by page: 5-11% of the default model's
     CPU step. With no mmap and no trimming, what a step frees serves the next one, and the process
     keeps its peak memory. Changes nothing (returns False) off glibc, or where MALLOC_*,
     GLIBC_TUNABLES or a preloaded allocator show that the user tuned the allocator themselves.
