@@ -369,7 +369,7 @@ def main() -> int:
         if args.quick:
             bench.step_times("mlp", warmup=2, steps=3, log_every=10, reps=1)
             bench.op_counts("mlp", warmup=2, steps=10)
-            bench.step_times("resnet18", warmup=3, steps=2, log_every=2, reps=1)
+            bench.step_times("resnet18", warmup=5, steps=2, log_every=2, reps=1)
         else:
             # A tiny-MLP step is 2-3 ms, where this machine's slow spells weigh most: more runs.
             bench.step_times("mlp", warmup=20, steps=300, log_every=10, reps=2 * reps + 1)
