@@ -20,7 +20,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest tests -q
 
-# CPU benchmarks (about 14 minutes on 2 cores): rewrites docs/performance.md's results and plot.
+# CPU benchmarks (about 25 minutes on 2 cores): rewrites docs/performance.md's results and plot.
 bench: $(STAMP)
 	$(BIN)/python bench/run.py --docs
 
