@@ -299,7 +299,6 @@ def test_fsdp_bf16_keeps_batchnorm_weights_in_fp32(tmp_path):
     import torch.distributed as dist
     from torch import nn
 
-    from {{ cookiecutter.package_name }} import distributed
     from {{ cookiecutter.package_name }}.config import ModelConfig
     from {{ cookiecutter.package_name }}.model import build_model
 
@@ -440,6 +439,7 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again():
 
 @pytest.mark.parametrize(("overrides", "calls"), [([], 1), (["run.cache_cpu_memory=false"], 0)])
 def test_cpu_training_caches_freed_memory_unless_turned_off(tiny, monkeypatch, overrides, calls):
+    """A CPU run sets up the allocator once, unless run.cache_cpu_memory=false."""
     called = []
     monkeypatch.setattr(distributed, "cache_freed_memory", lambda: called.append(True))
     assert main([*tiny, "trainer.max_steps=1", *overrides]) == 0
