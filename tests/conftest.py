@@ -69,9 +69,36 @@ def run(command: list, cwd: Path, env: dict | None = None, timeout: float = 300)
     )
 
 
+def temproot_for(project: Path) -> Path:
+    """A temporary-directory root of its own for a baked project's test runs, next to the project.
+
+    pytest puts its ``pytest-of-<user>/pytest-N`` directories under ``PYTEST_DEBUG_TEMPROOT``, so
+    what a nested run leaves on disk can be checked (see `files_left`) and lies with the bake.
+    """
+    temproot = project.parent / f"{project.name}-pytest-temproot"
+    temproot.mkdir(exist_ok=True)
+    return temproot
+
+
+def files_left(root: Path) -> list[str]:
+    """The regular files under `root`, as relative paths (symbolic links are not counted)."""
+    return sorted(
+        path.relative_to(root).as_posix()
+        for path in root.rglob("*")
+        if path.is_file() and not path.is_symlink()
+    )
+
+
 def run_baked_tests(project: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run a baked project's own test suite with this interpreter, importing it from ``src/``."""
-    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+    """Run a baked project's own test suite with this interpreter, importing it from ``src/``.
+
+    Its temporary directories go under `temproot_for(project)`.
+    """
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(project / "src"),
+        "PYTEST_DEBUG_TEMPROOT": str(temproot_for(project)),
+    }
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
     return run(command, cwd=project, env=env, timeout=timeout)
 

@@ -9,7 +9,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import bake, run, run_baked_tests
+from conftest import bake, files_left, temproot_for, run, run_baked_tests
 
 pytestmark = pytest.mark.baked
 
@@ -26,6 +26,16 @@ def _tail(text: str, lines: int = 60) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def _assert_passed_and_cleaned_up(completed: subprocess.CompletedProcess, project: Path) -> None:
+    """The baked suite passed, and removed its temporary directories (checkpoints of a ResNet-18
+    are 129 MB each, so a suite that kept them would fill a disk over a few runs)."""
+    output = completed.stdout + completed.stderr
+    assert completed.returncode == 0, _tail(output)
+    assert re.search(r"\d+ passed", completed.stdout), _tail(output)
+    left = files_left(temproot_for(project))
+    assert not left, f"the passing suite left {len(left)} temporary files behind: {left[:5]}"
+
+
 @pytest.mark.parametrize(
     "context",
     SUITE_CONTEXTS,
@@ -39,9 +49,7 @@ def test_baked_project_suite_passes(cookies, context):
     launch_tests = ["-m", "not gpu", "-k", "not compiled and not png and not test_faults"]
     extra = launch_tests if context.get("launcher") == "accelerate" else []
     completed = run_baked_tests(baked.path, *extra, timeout=600)
-    output = completed.stdout + completed.stderr
-    assert completed.returncode == 0, _tail(output)
-    assert re.search(r"\d+ passed", completed.stdout), _tail(output)
+    _assert_passed_and_cleaned_up(completed, baked.path)
 
 
 def _make_venv_on_top_of_this_one(venv: Path) -> Path:
@@ -71,6 +79,7 @@ def test_readme_install_then_tests_pass(cookies, tmp_path):
     bin_dir = _make_venv_on_top_of_this_one(tmp_path / "venv")
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     env.update(VIRTUAL_ENV=str(bin_dir.parent), PATH=f"{bin_dir}{os.pathsep}{env['PATH']}")
+    env.update(PYTEST_DEBUG_TEMPROOT=str(temproot_for(baked.path)))
 
     install = run([bin_dir / "pip", "install", "-e", f"{baked.path}[dev]"], cwd=tmp_path, env=env)
     assert install.returncode == 0, _tail(install.stdout + install.stderr)
@@ -79,8 +88,7 @@ def test_readme_install_then_tests_pass(cookies, tmp_path):
 
     pytest_command = [bin_dir / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     tests = run(pytest_command, baked.path, env, timeout=600)
-    assert tests.returncode == 0, _tail(tests.stdout + tests.stderr)
-    assert re.search(r"\d+ passed", tests.stdout), _tail(tests.stdout)
+    _assert_passed_and_cleaned_up(tests, baked.path)
 
 
 def test_baked_slow_tests_pass(cookies):
@@ -89,8 +97,7 @@ def test_baked_slow_tests_pass(cookies):
     baked = bake(cookies)
     not_launch_tests = "not (accelerate_launch or two_nodes)"  # the accelerate bake runs them
     completed = run_baked_tests(baked.path, "-m", "slow", "-k", not_launch_tests, timeout=1500)
-    assert completed.returncode == 0, _tail(completed.stdout + completed.stderr)
-    assert re.search(r"\d+ passed", completed.stdout), _tail(completed.stdout)
+    _assert_passed_and_cleaned_up(completed, baked.path)
 
 
 def test_default_run_without_arguments_learns(cookies):
