@@ -9,7 +9,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import bake, files_left, temproot_for, run, run_baked_tests
+from conftest import bake, files_left, run, run_baked_tests, temproot_for
 
 pytestmark = pytest.mark.baked
 
