@@ -271,12 +271,12 @@ def run_generated(
 ) -> None:
     """The baked project's own `train` entry point (the MLP replaces its model builder)."""
     import importlib
+    import runpy
 
-    train = importlib.import_module(f"{package}.train")
     if startup:  # exactly what `python -m PACKAGE.train` does, defaults and all
-        sys.exit(
-            train.main([f"run.output_dir={output_dir}", "trainer.resume=never", "run.device=cpu"])
-        )
+        sys.argv = ["train", f"run.output_dir={output_dir}", "trainer.resume=never", "run.device=cpu"]
+        runpy.run_module(f"{package}.train", run_name="__main__", alter_sys=True)
+    train = importlib.import_module(f"{package}.train")
     image_size, batch, augment, workers = SHAPES[model_name]
     if model_name == "mlp":
         train.build_model = lambda cfg, num_classes: build_mlp(image_size, num_classes)

@@ -437,6 +437,59 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again():
     assert not applied and faults_with_own_setting > 10 * faults  # a user's own malloc setting is left alone
 
 
+FREE_THEN_FORK = """
+import os, resource
+import torch
+from {{ cookiecutter.package_name }}.distributed import cache_freed_memory
+
+def resident_mib():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * resource.getpagesize() / 2**20
+
+assert cache_freed_memory()
+torch.ones(2**24)  # 64 MiB written and freed: the process keeps it
+cached = resident_mib()
+pid = os.fork()  # as a DataLoader worker starts
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+print(cached - resident_mib())
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or not Path("/proc/self/statm").exists(), reason="glibc, Linux")
+def test_freed_memory_is_handed_back_before_a_fork():
+    """The cached memory goes back to the system before a fork: a worker would share it copy-on-write, and
+    the parent's next step would copy it page by page."""
+    plain_env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    done = subprocess.run([sys.executable, "-c", FREE_THEN_FORK], capture_output=True, text=True, env=plain_env)
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) > 48  # MiB of the freed 64 no longer resident after the fork
+
+
+FIRST_STEP_FREEZE_COUNT = """
+import gc, os, runpy, sys
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+def report(optimizer, args, kwargs):
+    print(gc.get_freeze_count(), flush=True)
+    os._exit(0)
+
+register_optimizer_step_post_hook(report)
+sys.argv = ["train", *sys.argv[1:]]
+runpy.run_module("{{ cookiecutter.package_name }}.train", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_the_command_line_run_freezes_what_the_imports_made(tiny):
+    """`python -m PACKAGE.train` moves the objects alive at start-up out of the garbage collector's way."""
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_STEP_FREEZE_COUNT, *tiny], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) > 100_000  # torch's and the project's objects, not a handful
+
+
 @pytest.mark.parametrize(("overrides", "calls"), [([], 1), (["run.cache_cpu_memory=false"], 0)])
 def test_cpu_training_caches_freed_memory_unless_turned_off(tiny, monkeypatch, overrides, calls):
     """A CPU run sets up the allocator once, unless run.cache_cpu_memory=false."""
