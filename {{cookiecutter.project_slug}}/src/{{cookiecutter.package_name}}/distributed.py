@@ -108,9 +108,9 @@ def _hand_back_freed_memory_before_fork() -> None:
     """Return the cached free memory to the system (malloc_trim) before each fork.
 
     A forked process (a DataLoader worker) shares the parent's pages copy-on-write, so the parent
-    reusing its cached memory after a fork would copy it page by page, each copy a TLB shootdown
-    across its threads: that made the first ResNet-18 step 0.3 s slower. Memory handed back is
-    faulted in fresh instead, once; workers start once (persistent_workers), so steps keep caching.
+    reusing its cached memory after a fork would copy it page by page in copy-on-write faults: that
+    made the first ResNet-18 step 0.3 s slower. Memory handed back is faulted in fresh instead,
+    once; workers start once (persistent_workers), so steps keep caching.
     """
     os.register_at_fork(before=functools.partial(ctypes.CDLL(None).malloc_trim, 0))
 
