@@ -467,29 +467,6 @@ def test_freed_memory_is_handed_back_before_a_fork():
     assert float(done.stdout) > 48  # MiB of the freed 64 no longer resident after the fork
 
 
-FIRST_STEP_FREEZE_COUNT = """
-import gc, os, runpy, sys
-from torch.optim.optimizer import register_optimizer_step_post_hook
-
-def report(optimizer, args, kwargs):
-    print(gc.get_freeze_count(), flush=True)
-    os._exit(0)
-
-register_optimizer_step_post_hook(report)
-sys.argv = ["train", *sys.argv[1:]]
-runpy.run_module("{{ cookiecutter.package_name }}.train", run_name="__main__", alter_sys=True)
-"""
-
-
-def test_the_command_line_run_freezes_what_the_imports_made(tiny):
-    """`python -m PACKAGE.train` moves the objects alive at start-up out of the garbage collector's way."""
-    done = subprocess.run(
-        [sys.executable, "-c", FIRST_STEP_FREEZE_COUNT, *tiny], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert int(done.stdout.split()[-1]) > 100_000  # torch's and the project's objects, not a handful
-
-
 @pytest.mark.parametrize(("overrides", "calls"), [([], 1), (["run.cache_cpu_memory=false"], 0)])
 def test_cpu_training_caches_freed_memory_unless_turned_off(tiny, monkeypatch, overrides, calls):
     """A CPU run sets up the allocator once, unless run.cache_cpu_memory=false."""
