@@ -313,7 +313,7 @@ def test_fsdp_bf16_keeps_batchnorm_weights_in_fp32(tmp_path):
                 module.register_forward_pre_hook(lambda m, args, kind=kind: seen[kind].add(m.weight.dtype))
         model(torch.randn(2, 3, 16, 16)).float().sum().backward()
     finally:
-        dist.destroy_process_group()
+        distributed.teardown()
     assert seen == {"conv": {torch.bfloat16}, "norm": {torch.float32}}
 
 
@@ -356,6 +356,36 @@ def test_fsdp_ranks_keep_one_set_of_batchnorm_statistics(tiny, tmp_path):
     for rank in (0, 1):
         seen = json.loads(Path(f"{counts}{rank}").read_text())
         assert seen == {"differed_before": 3, "differ_after": 0, "steps": 3}, (rank, seen)
+
+
+THREADS_AT_EXIT = """
+import json, os, sys
+from {{ cookiecutter.package_name }} import train
+
+code = train.main(sys.argv[1:])
+threads = [open(f"/proc/self/task/{task}/comm").read().strip() for task in os.listdir("/proc/self/task")]
+with open(os.environ["THREADS_AT_EXIT"] + os.environ["RANK"], "w") as f:
+    json.dump({"code": code, "threads": threads}, f)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="lists threads through /proc (Linux)")
+@pytest.mark.parametrize("ending", ["finished", "diverged"])
+def test_fsdp_process_group_threads_end_before_python_exits(ending, tiny, tmp_path):
+    """After an FSDP run, finished or stopped by an error, no gloo thread is left when main()
+    returns. The DeviceMesh and the sharded model keep the process group past destroy_process_group;
+    its threads running into interpreter shutdown aborted about 1 exit in 70 (SIGABRT)."""
+    script = tmp_path / "threads_at_exit.py"
+    script.write_text(THREADS_AT_EXIT)
+    found = tmp_path / "threads-rank"
+    overrides = ["distributed.strategy=fsdp", "trainer.max_steps=2", f"run.output_dir={tmp_path / 'run'}"]
+    if ending == "diverged":
+        overrides += ["optim.lr=1e12", "trainer.grad_clip=0"]
+    torchrun(2, [*tiny, *overrides], script=[str(script)], THREADS_AT_EXIT=str(found))
+    for rank in (0, 1):
+        seen = json.loads(Path(f"{found}{rank}").read_text())
+        assert seen["code"] == (0 if ending == "finished" else 1), (rank, seen)
+        assert not [name for name in seen["threads"] if "gloo" in name], (rank, seen["threads"])
 
 
 COUNT_SYNCS = """

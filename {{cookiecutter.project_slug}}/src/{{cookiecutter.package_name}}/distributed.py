@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import gc
 import logging
 import os
 import platform
@@ -20,7 +21,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
@@ -131,10 +132,33 @@ def joined() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+_meshes: list[DeviceMesh] = []  # made by shard_model; teardown takes the process group back from them
+
+
 def teardown() -> None:
-    """Leave the process group (safe to call when none was joined)."""
-    if joined():
-        dist.destroy_process_group()
+    """Leave the process group and free it now, while Python still runs (safe when none was joined).
+
+    destroy_process_group alone does not free a group that FSDP2 used: the DeviceMesh keeps it in a
+    registry (and DTensor's sharding caches keep the mesh), and each sharded module's FSDP state
+    keeps it until garbage collection frees the model. Its gloo threads then ran on into
+    interpreter shutdown, where about 1 exit in 70 aborted with "terminate called without an
+    active exception" (SIGABRT) after a run that had finished.
+    """
+    if not joined():
+        return
+    dist.destroy_process_group()
+    for mesh in _meshes:
+        getattr(mesh, "_pg_registry", {}).clear()  # where torch keeps the group objects of a mesh
+    _meshes.clear()
+    free_finished_models()
+
+
+def free_finished_models() -> None:
+    """Collect the reference cycles of models no longer used, and with them the groups they held.
+
+    Call it where no frame holds the model: after train() returns, or after its exception was handled.
+    """
+    gc.collect()
 
 
 def resolve_strategy(cfg: Config) -> str:
@@ -170,6 +194,7 @@ def wrap_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
 def shard_model(model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
     """FSDP2: shard every block of every nn.Sequential stage, then the root module."""
     mesh = init_device_mesh(env.device.type, (env.world_size,))
+    _meshes.append(mesh)
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" else None
     )

@@ -352,7 +352,15 @@ def out_of_memory_advice(batch_size: int, accum: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    code = _main(sys.argv[1:] if argv is None else argv)
+    # A run that an exception stopped left its model to the garbage collector only once the exception
+    # was handled; under FSDP the model still holds the process group's threads (distributed.teardown).
+    distributed.free_finished_models()
+    return code
+
+
+def _main(argv: list[str]) -> int:
+    """The command line: parse, train, and turn the expected failures into a message and an exit status."""
     try:
         files, overrides = parse_args(argv, f"{__package__}.train")
         cfg = load_config(files, overrides)
