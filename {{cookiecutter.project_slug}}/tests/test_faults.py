@@ -414,20 +414,25 @@ def test_keep_last_one_never_deletes_the_only_good_checkpoint(tmp_path, monkeypa
     assert [p.name for p in tmp_path.iterdir()] == [good.name]
 
 
-def test_disk_full_while_saving_exits_2_and_keeps_older_checkpoints(tiny, run_dir, monkeypatch, capsys):
-    """ENOSPC during a save: exit 2 with one line naming the folder; the earlier checkpoint is intact."""
+@pytest.mark.parametrize("failure", ["ENOSPC", "torch-write-failed"])
+def test_disk_full_while_saving_exits_1_and_keeps_older_checkpoints(failure, tiny, run_dir, monkeypatch, capsys):
+    """A full disk during a save (an OSError, or torch.save's own RuntimeError when it writes to a
+    full device) exits 1 with one line naming the folder; the earlier checkpoint is intact."""
     real_save, saves = torch.save, []
 
     def full_disk(obj, path):
         saves.append(path)
-        if len(saves) == 2:
+        if len(saves) == 2 and failure == "ENOSPC":
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real_save(obj, path)
+        real_save(obj, "/dev/full" if len(saves) == 2 else path)  # /dev/full: every write fails with ENOSPC
 
     monkeypatch.setattr(torch, "save", full_disk)
-    assert main([*tiny, "trainer.checkpoint_every=2"]) == 2
+    assert main([*tiny, "trainer.checkpoint_every=2"]) == 1
     err = capsys.readouterr().err
-    assert "could not write the step 4 checkpoint" in err and "No space left on device" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "could not write the step 4 checkpoint" in err and "older ones are kept" in err
+    if failure == "ENOSPC":
+        assert "no space left" in err
     monkeypatch.setattr(torch, "save", real_save)
     assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["step_00000002.pt"]
     assert load_checkpoint(run_dir / "checkpoints" / "step_00000002.pt")["progress"]["step"] == 2

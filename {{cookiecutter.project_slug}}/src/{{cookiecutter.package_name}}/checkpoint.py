@@ -15,14 +15,17 @@ import random
 import re
 import zipfile
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from . import distributed
-from .config import Config, ConfigError
+from .config import Config
+from .errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +33,33 @@ CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
 
 
-class CheckpointError(ConfigError):
-    """A checkpoint that cannot be used; the message says which file and why (exit status 2)."""
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # epochs completed
+    samples_done: int = 0  # samples all processes together consumed in the current epoch
+    best_acc: float = -1.0
+    best_step: int = -1
+    skipped_steps: int = 0  # fp16 steps the gradient scaler skipped (inf/NaN gradients)
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
+
+
+def check_resumable(progress: Progress, global_batch: int, path: Path) -> None:
+    """A mid-epoch checkpoint continues only where it ends on one of this run's optimizer steps."""
+    if progress.samples_done % global_batch:
+        raise CheckpointError(
+            f"{path}: stopped {progress.samples_done} samples into epoch {progress.epoch}, not a whole number "
+            f"of this run's global batches ({global_batch} = data.batch_size x processes x grad_accum_steps); "
+            "resume with the same global batch"
+        )
 
 
 def strip_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -100,11 +128,21 @@ def save_checkpoint(directory: Path, state: dict, step: int, keep_last: int) -> 
     return path
 
 
+def unique_aside(path: Path, suffix: str) -> Path:
+    """Rename path to <name>.<suffix>, or <name>.<n>.<suffix> when that is taken: nothing is overwritten."""
+    target = path.with_name(f"{path.name}.{suffix}")
+    n = 2
+    while target.exists() or target.is_symlink():
+        target = path.with_name(f"{path.name}.{n}.{suffix}")
+        n += 1
+    path.rename(target)
+    return target
+
+
 def move_aside(paths: list[Path], suffix: str, why: str) -> None:
     """Rename checkpoints to <name>.<suffix> so resume never picks them (nothing is deleted)."""
     for path in paths:
-        target = path.with_name(f"{path.name}.{suffix}")
-        path.rename(target)
+        target = unique_aside(path, suffix)
         log.warning("renamed %s to %s: %s", path.name, target.name, why)
 
 
@@ -154,10 +192,19 @@ def latest_checkpoint(directory: Path, map_location="cpu") -> tuple[Path, dict] 
     return None
 
 
-def save_weights(state_dict: dict[str, torch.Tensor], path: Path) -> None:
-    """Plain weights with clean keys as safetensors, written atomically."""
+def save_weights(state_dict: dict[str, torch.Tensor], path: Path, metadata: dict[str, str] | None = None) -> None:
+    """Plain weights with clean keys as safetensors (string metadata in its header), written atomically."""
     tensors = {k: v.detach().cpu().contiguous() for k, v in strip_prefixes(state_dict).items()}
-    atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp)))
+    atomic_write(Path(path), lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+
+
+def weights_metadata(path: Path) -> dict[str, str]:
+    """The metadata save_weights stored in a safetensors header ({} when none or unreadable)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return f.metadata() or {}
+    except Exception:  # safetensors raises its own error types for bad headers
+        return {}
 
 
 def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
@@ -175,6 +222,9 @@ def load_weights(path: str | Path) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"{path}: cannot load weights ({str(err).strip().splitlines()[0]})") from None
         if isinstance(weights, dict) and isinstance(weights.get("model"), dict):
             weights = weights["model"]
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        kind = type(weights).__name__ if not isinstance(weights, dict) else "a dict holding non-tensor values"
+        raise CheckpointError(f"{path}: not a state_dict of tensors (it holds {kind}); save model.state_dict()")
     return strip_prefixes(weights)
 
 

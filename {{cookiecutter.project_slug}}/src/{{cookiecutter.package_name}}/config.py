@@ -16,27 +16,19 @@ import inspect
 import itertools
 import math
 import os
-import re
 import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from .errors import ConfigError, error_line  # noqa: F401 - error_line: the entry points import it from here
+
 DEFAULT_TRACKER = "{{ cookiecutter.tracker }}"
-
-
-class ConfigError(Exception):
-    """A configuration the user must fix; the message names the key and what is allowed."""
-
-
-def error_line(err: Exception) -> str:
-    """The one line to show the user, also when a DataLoader worker wrapped it in its traceback."""
-    last = str(err).strip().splitlines()[-1]
-    return re.sub(r"^[\w.]+Error: ", "", last)
 
 
 @dataclass
@@ -124,7 +116,11 @@ class TrainerConfig:
     keep_last: int = 3
     """Checkpoints kept in output_dir/checkpoints; older ones are deleted once a newer one is verified."""
     resume: str = "auto"
-    """auto (newest valid checkpoint in output_dir, if any), never, or a checkpoint path; later ones are renamed."""
+    """auto (newest valid checkpoint in output_dir, if any), never, or a checkpoint path; later ones are renamed.
+    A resumed run may change only the keys listed in rundir.RESUME_MAY_CHANGE (docs: configuration)."""
+    override_optim: bool = False
+    """On resume, apply this config's optim.* and trainer.grad_clip to the restored optimizer and scheduler
+    (e.g. a lower optim.lr after a divergence) instead of refusing the change."""
     log_every: int = 10
     """Optimizer steps between train/loss lines in metrics.jsonl."""
     detect_anomaly: bool = False
@@ -179,6 +175,8 @@ CHOICES = {
     "distributed.strategy": ("auto", "none", "ddp", "fsdp"),
     "distributed.backend": ("auto", "nccl", "gloo"),
 }
+MAX_WORKERS = 256  # DataLoader worker processes per training process
+MAX_TIMEOUT_S = 7 * 24 * 3600
 AT_LEAST_ONE = (
     "data.batch_size",
     "data.image_size",
@@ -205,7 +203,12 @@ def load_config(config_files: list[str | Path] = (), overrides: list[str] = (), 
         for item in overrides:
             if "=" not in item:
                 raise ConfigError(f"override {item!r}: write it as key=value, e.g. trainer.max_epochs=5")
-            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([item]))
+            try:
+                dotted = OmegaConf.from_dotlist([item])
+            except yaml.YAMLError as err:  # e.g. tracker.tags=[a,b
+                problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+                raise ConfigError(f"override {item!r}: not a valid YAML value ({problem})") from None
+            merged = OmegaConf.merge(merged, dotted)
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise ConfigError(_explain(err)) from None
@@ -286,6 +289,18 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key}={_get(cfg, key)} must be a finite number")
     if cfg.data.num_workers < 0:
         raise ConfigError(f"data.num_workers={cfg.data.num_workers} must be 0 or more")
+    if cfg.data.num_workers > MAX_WORKERS:
+        raise ConfigError(
+            f"data.num_workers={cfg.data.num_workers} is too many (each is a process); use at most {MAX_WORKERS}, "
+            f"typically the CPU cores per process ({os.cpu_count()} cores here)"
+        )
+    if cfg.distributed.timeout_s > MAX_TIMEOUT_S:
+        raise ConfigError(
+            f"distributed.timeout_s={cfg.distributed.timeout_s} is longer than {MAX_TIMEOUT_S} s (7 days); "
+            "a hung peer would hold the job that long"
+        )
+    if not cfg.run.output_dir.strip():
+        raise ConfigError("run.output_dir is empty; name a directory, e.g. run.output_dir=runs/exp1")
     if cfg.trainer.max_steps is not None and cfg.trainer.max_steps < 1:
         raise ConfigError("trainer.max_steps must be at least 1, or null for no limit")
     if cfg.optim.lr <= 0 or cfg.optim.weight_decay < 0 or cfg.optim.warmup_steps < 0:

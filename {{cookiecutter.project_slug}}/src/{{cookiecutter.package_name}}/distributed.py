@@ -13,6 +13,7 @@ import functools
 import gc
 import logging
 import os
+import pickle
 import platform
 import re
 from dataclasses import dataclass
@@ -302,6 +303,39 @@ def broadcast_object(obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def on_main(fn, *args):
+    """fn(*args) on the main process only, whose error, if any, is raised on every process.
+
+    Files are written by rank 0 alone. Were that write to fail on rank 0 only, the other ranks
+    would wait in their next collective until distributed.timeout_s (under NCCL, or a launcher
+    that does not stop the others); here they learn it at once and stop with the same error.
+    Returns fn's result on the main process and None on the others.
+    """
+    if not joined():
+        return fn(*args)
+    error = result = None
+    if dist.get_rank() == 0:
+        try:
+            result = fn(*args)
+        except Exception as err:  # every kind: the others must not wait, whatever went wrong
+            error = err
+    shared = broadcast_object(None if error is None else _portable(error))
+    if error is not None:
+        raise error  # the main process keeps its own traceback
+    if shared is not None:
+        raise shared
+    return result
+
+
+def _portable(error: Exception) -> Exception:
+    """error itself if it survives pickling (the project's errors do), else its message as a RuntimeError."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:
+        return RuntimeError(f"the main process failed: {type(error).__name__}: {error}")
 
 
 def max_over_ranks(value: int, device: torch.device) -> int:

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import torch
 
+from .checkpoint import atomic_write
 from .config import ConfigError, TrackerConfig
 from .distributed import all_reduce_sum
+from .errors import OutputError, why_not_written
 
 
 class SampleMean:
@@ -135,12 +137,21 @@ class MetricsLogger:
         elif tracker.name == "wandb":
             self.tracker = _Wandb(output_dir, tracker, config)
 
+    @classmethod
+    def disabled(cls) -> MetricsLogger:
+        """A logger whose calls do nothing (the other ranks')."""
+        return cls(Path(), TrackerConfig(name="none"), {}, enabled=False)
+
     def log(self, metrics: dict, step: int, epoch: int) -> None:
         if not self.enabled:
             return
         record = {"step": step, "epoch": epoch, **metrics}
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json_line(record))
+            self.file.flush()
+        except OSError as err:
+            why = why_not_written(err, Path(self.file.name))
+            raise OutputError(f"could not append to {self.file.name} ({why})") from None
         if self.tracker is not None:
             self.tracker.log(metrics, step)
 
@@ -152,8 +163,17 @@ class MetricsLogger:
             self.tracker.close()
 
 
+def json_line(record: dict) -> str:
+    """One line of strict JSON: a non-finite number (NaN, inf), which JSON cannot represent, is null."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+    return json.dumps(clean, allow_nan=False) + "\n"
+
+
 def truncate_metrics(output_dir: Path, step: int) -> None:
-    """Drop records logged after `step` (and a line a kill cut short): a resumed run logs them again."""
+    """Drop records logged after `step` (and a line a kill cut short): a resumed run logs them again.
+
+    The file is rewritten atomically: a kill during the rewrite leaves the old file, never half of it.
+    """
     path = Path(output_dir) / "metrics.jsonl"
     if path.exists():
         kept = []
@@ -163,7 +183,8 @@ def truncate_metrics(output_dir: Path, step: int) -> None:
                     kept.append(line)
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue
-        path.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+        text = "".join(f"{line}\n" for line in kept)
+        atomic_write(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def read_metrics(output_dir: Path) -> list[dict]:

@@ -33,11 +33,36 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     fused=True: one kernel for the whole update (CPU and CUDA), markedly faster than the loop.
     """
     params = [p for p in model.parameters() if p.requires_grad]
+    decayed, other = group_settings(cfg)
     groups = [
-        {"params": [p for p in params if p.ndim > 1], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0},
+        {"params": [p for p in params if p.ndim > 1], **decayed},
+        {"params": [p for p in params if p.ndim <= 1], **other},
     ]
     return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)
+
+
+def group_settings(cfg: OptimConfig) -> tuple[dict, dict]:
+    """The settings of build_optimizer's two parameter groups: matrices decay, biases and norms do not."""
+    return {"weight_decay": cfg.weight_decay}, {"weight_decay": 0.0}
+
+
+def apply_optim_config(optimizer: torch.optim.Optimizer, scheduler, cfg: OptimConfig) -> None:
+    """A resumed run with trainer.override_optim=true: the restored optimizer and scheduler take
+    cfg's learning rate and weight decay (its moments and step count are kept)."""
+    for group, settings in zip(optimizer.param_groups, group_settings(cfg), strict=True):
+        group.update(settings, initial_lr=cfg.lr)
+    scheduler.base_lrs = [cfg.lr for _ in optimizer.param_groups]
+    refresh_learning_rate(scheduler)
+
+
+def refresh_learning_rate(scheduler) -> None:
+    """Set the learning rate the schedule (as configured now) gives at the restored step.
+
+    A restored scheduler keeps the rate of the run that saved it until its next step; after a
+    change of optim.* or of the run's length, the next step must already use the new schedule.
+    """
+    scheduler.last_epoch -= 1
+    scheduler.step()
 
 
 def warmup_cosine(step: int, warmup: int, total: int, min_ratio: float) -> float:

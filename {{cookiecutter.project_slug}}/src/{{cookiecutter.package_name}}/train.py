@@ -24,7 +24,6 @@ import math
 import os
 import random
 import sys
-from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
@@ -35,42 +34,35 @@ from tqdm import tqdm
 from . import distributed
 from .checkpoint import (
     CheckpointError,
+    Progress,
+    check_resumable,
     remove_stale_temporaries,
     resume_state,
     rng_state,
     save_checkpoint,
-    save_weights,
-    set_aside_later_checkpoints,
     set_rng_state,
 )
-from .config import Config, ConfigError, error_line, load_config, parse_args, to_dict, to_yaml
+from .config import Config, ConfigError, load_config, parse_args, to_dict
 from .data import DeviceImages, build_datasets, build_train_loader, build_val_loader, shut_down_workers
+from .errors import OutputError, error_line, exit_status, why_not_written
 from .evaluate import autocast, evaluate_model, mismatch
-from .metrics import MetricsLogger, PerfMeter, SampleMean, truncate_metrics
+from .metrics import MetricsLogger, PerfMeter, SampleMean
 from .model import build_model, classification_loss, train_mode
-from .optim import REMEDIES, Diverged, build_optimizer, check_finite, gradient_norm, step_if_finite, warmup_cosine
+from .optim import (
+    REMEDIES,
+    Diverged,
+    apply_optim_config,
+    build_optimizer,
+    check_finite,
+    gradient_norm,
+    refresh_learning_rate,
+    step_if_finite,
+    warmup_cosine,
+)
 from .preemption import PREEMPTED_EXIT, Preempted, StopRequest
+from .rundir import check_resume_changes, claim_output_dir, config_changes, save_best, start_in_output_dir
 
 log = logging.getLogger(__package__)
-
-
-@dataclass
-class Progress:
-    """Where training stands; saved in every checkpoint."""
-
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0  # epochs completed
-    samples_done: int = 0  # samples all processes together consumed in the current epoch
-    best_acc: float = -1.0
-    best_step: int = -1
-    skipped_steps: int = 0  # fp16 steps the gradient scaler skipped (inf/NaN gradients)
-
-    def state_dict(self) -> dict:
-        return asdict(self)
-
-    def load_state_dict(self, state: dict) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
 
 
 def seed_everything(seed: int) -> None:
@@ -88,25 +80,19 @@ def use_deterministic_kernels(enabled: bool) -> None:
     torch.backends.cudnn.benchmark = not enabled
 
 
-def check_resumable(progress: Progress, global_batch: int, path: Path) -> None:
-    """A mid-epoch checkpoint continues only where it ends on one of this run's optimizer steps."""
-    if progress.samples_done % global_batch:
-        raise CheckpointError(
-            f"{path}: stopped {progress.samples_done} samples into epoch {progress.epoch}, not a whole number "
-            f"of this run's global batches ({global_batch} = data.batch_size x processes x grad_accum_steps); "
-            "resume with the same global batch"
-        )
-
-
 def train(cfg: Config) -> dict:
     """Train as configured and return the final validation metrics."""
     env = distributed.setup(cfg)
+    lock = None
     try:
+        lock = distributed.on_main(claim_output_dir, Path(cfg.run.output_dir))  # a second run here exits 2
         with StopRequest() as stop, torch.autograd.set_detect_anomaly(cfg.trainer.detect_anomaly):
             result = fit(cfg, env, stop)
         distributed.barrier()  # every rank is done with every collective before the group goes away
         return result
     finally:
+        if lock:
+            lock.release()
         distributed.teardown()
 
 
@@ -118,11 +104,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     seed_everything(cfg.run.seed)  # the same initial weights on every rank: FSDP does not broadcast them
 
     if env.is_main:
-        try:
-            output_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise ConfigError(f"run.output_dir={str(output_dir)!r} cannot be created ({err.strerror})") from None
-        remove_stale_temporaries(checkpoints)
+        remove_stale_temporaries(checkpoints)  # after claim_output_dir: no other run is saving here
 
     # Data: each process gets its own slice; the global batch is batch_size x world_size x accum.
     train_set, val_set, num_classes = build_datasets(cfg.data)
@@ -193,40 +175,51 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
             }
             try:
                 save_checkpoint(checkpoints, state, progress.step, tcfg.keep_last)
-            except (OSError, CheckpointError) as err:
+            except (OSError, RuntimeError, CheckpointError) as err:  # torch.save: RuntimeError on a full disk
                 error = (
-                    f"could not write the step {progress.step} checkpoint in {checkpoints} ({err}); older ones are kept"
+                    f"could not write the step {progress.step} checkpoint in {checkpoints} "
+                    f"({why_not_written(err, checkpoints)}); older ones are kept"
                 )
         error = distributed.broadcast_object(error)  # it counts once written and verified; all ranks learn it
         if error:
-            raise CheckpointError(error)
+            raise OutputError(error)
 
     found = resume_state(cfg, checkpoints, env.is_main)
     if found:
         path, state = found
+        stored_config = state.get("config") or {}
+        stored_batch = stored_config.get("data", {}).get("batch_size", cfg.data.batch_size)
+        stored_accum = stored_config.get("trainer", {}).get("grad_accum_steps", accum)
+        changed = check_resume_changes(
+            config_changes(stored_config, to_dict(cfg)),
+            path,
+            stored_global_batch=stored_batch * len(state.get("ranks") or [None]) * stored_accum,
+            global_batch=global_micro * accum,
+            override_optim=tcfg.override_optim,
+        )
         progress.load_state_dict(state["progress"])
         check_resumable(progress, global_micro * accum, path)
         try:
             distributed.load_full_state(model, optimizer, state["model"], state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            scaler.load_state_dict(state["scaler"])
         except (RuntimeError, KeyError, ValueError) as err:
             raise CheckpointError(f"{path}: does not fit the configured model ({mismatch(err)})") from None
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
+        if changed:
+            log.info("resuming with changed %s", ", ".join(changed))
+        if tcfg.override_optim:
+            apply_optim_config(optimizer, scheduler, cfg.optim)
+        elif {"trainer.max_epochs", "trainer.max_steps"} & set(changed):
+            refresh_learning_rate(scheduler)  # the schedule now ends at total_steps
         if env.rank < len(state["ranks"]):  # a new rank (more processes than before) keeps its fresh seed
             mine = state["ranks"][env.rank]
             set_rng_state(mine["rng"])
             train_loader.generator.set_state(mine["loader"])
             if len(state["ranks"]) == env.world_size and "running" in mine:
                 running.load_state_dict(mine["running"], env.device)
-        if env.is_main:
-            truncate_metrics(output_dir, progress.step)  # lines logged after this checkpoint are redone
         log.info("resumed from %s at step %d, epoch %d", path, progress.step, progress.epoch)
-    if env.is_main:
-        set_aside_later_checkpoints(checkpoints, progress.step, tcfg.resume)
-
-    if env.is_main:
-        (output_dir / "config.yaml").write_text(to_yaml(cfg))
-    logger = MetricsLogger(output_dir, cfg.tracker, to_dict(cfg), enabled=env.is_main)
+    distributed.on_main(start_in_output_dir, output_dir, cfg, progress.step, bool(found))
+    logger = distributed.on_main(MetricsLogger, output_dir, cfg.tracker, to_dict(cfg)) or MetricsLogger.disabled()
     val: dict = {}
     perf = PerfMeter(env.device, env.world_size)
     show_bar = env.is_main and sys.stderr.isatty()
@@ -293,7 +286,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                     }
                     if fp16:
                         metrics["train/skipped_steps"] = progress.skipped_steps
-                    logger.log(metrics, progress.step, progress.epoch)
+                    distributed.on_main(logger.log, metrics, progress.step, progress.epoch)
                     bar.set_postfix(loss=f"{train_loss:.4f}")
                     running.reset()
                 stopping = stop.poll()  # a signal on any rank stops every rank after this same step
@@ -320,9 +313,9 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                 if val["val/acc"] > progress.best_acc:
                     progress.best_acc, progress.best_step = val["val/acc"], progress.step
                     weights = distributed.full_model_state(model)
-                    if env.is_main:
-                        save_weights(weights, output_dir / "best.safetensors")
-                logger.log({**val, "val/best_acc": progress.best_acc}, progress.step, progress.epoch)
+                    distributed.on_main(save_best, weights, output_dir, progress.step, val)
+                val["val/best_acc"] = progress.best_acc
+                distributed.on_main(logger.log, val, progress.step, progress.epoch)
                 log.info(
                     "epoch %d step %d: val/loss %.4f val/acc %.4f (%d samples)",
                     progress.epoch,
@@ -365,9 +358,9 @@ def _main(argv: list[str]) -> int:
         files, overrides = parse_args(argv, f"{__package__}.train")
         cfg = load_config(files, overrides)
         result = train(cfg)
-    except ConfigError as err:
+    except (ConfigError, OutputError) as err:
         print(f"error: {error_line(err)}", file=sys.stderr)
-        return 2
+        return exit_status(err)
     except Preempted as err:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"{err}; run the same command to resume (exit status {PREEMPTED_EXIT})", file=sys.stderr)

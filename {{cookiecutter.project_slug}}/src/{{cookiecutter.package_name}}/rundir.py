@@ -1,0 +1,242 @@
+"""The rules of a run directory (run.output_dir).
+
+- One run writes into it at a time: the main process holds a lock file naming its host and pid;
+  a second run exits 2 naming the first. A lock whose process died is taken over (the kernel
+  releases its flock), so a crash never leaves the directory locked.
+- A fresh start loses no earlier file: what an earlier run wrote there (metrics.jsonl,
+  best.safetensors, config.yaml, ...) is renamed *.superseded, under a name no other file has.
+- A resumed run trains what its configuration says: keys in RESUME_MAY_CHANGE may differ from the
+  checkpoint's stored configuration and are applied; any other difference stops the run (exit 2)
+  naming each key, unless trainer.override_optim=true applies new optimizer settings.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from .checkpoint import atomic_write, save_weights, set_aside_later_checkpoints, unique_aside, weights_metadata
+from .config import Config, to_yaml
+from .errors import ConfigError, OutputError, RunDirectoryBusy, why_not_written, write_failure
+from .metrics import truncate_metrics
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = "run.lock"
+
+# Keys a resumed run may change: stop conditions, cadence, where and how it runs, the tracker.
+# Each leaves the optimization itself (model, data, batch, optimizer, precision, seed) as it was.
+RESUME_MAY_CHANGE = (
+    "run.output_dir",
+    "run.device",
+    "run.deterministic",
+    "run.cache_cpu_memory",
+    "data.root",
+    "data.download",
+    "data.num_workers",
+    "model.pretrained",  # the initial weights only: a resumed run takes its weights from the checkpoint
+    "model.compile",
+    "model.channels_last",
+    "trainer.max_epochs",
+    "trainer.max_steps",
+    "trainer.checkpoint_every",
+    "trainer.keep_last",
+    "trainer.resume",
+    "trainer.log_every",
+    "trainer.detect_anomaly",
+    "trainer.override_optim",
+    "distributed.strategy",
+    "distributed.backend",
+    "distributed.timeout_s",
+    "tracker.*",
+)
+# May change when the global batch (batch_size x processes x grad_accum_steps) stays the same,
+# e.g. 2 processes x 32 resumed on 1 process x 64.
+GLOBAL_BATCH_KEYS = ("data.batch_size", "trainer.grad_accum_steps")
+# Applied to the restored optimizer and scheduler with trainer.override_optim=true.
+OPTIM_KEYS = ("optim.lr", "optim.weight_decay", "optim.warmup_steps", "optim.min_lr_ratio", "trainer.grad_clip")
+
+# What a run writes at the top of its directory; a fresh start sets these aside (checkpoints are
+# set aside by checkpoint.set_aside_later_checkpoints).
+RUN_FILES = ("metrics.jsonl", "config.yaml", "best.safetensors", "wandb_run_id", "tensorboard", "eval.json", "export")
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _may_change(key: str) -> bool:
+    return key in RESUME_MAY_CHANGE or f"{key.split('.')[0]}.*" in RESUME_MAY_CHANGE
+
+
+def config_changes(stored: dict, current: dict) -> dict[str, tuple]:
+    """{key: (stored value, current value)} for every key whose value differs.
+
+    Keys that only one side has (a checkpoint from an older version of the project) are not compared.
+    """
+    old, new = _flat(stored or {}), _flat(current)
+    return {key: (old[key], new[key]) for key in new if key in old and old[key] != new[key]}
+
+
+def check_resume_changes(
+    changes: dict[str, tuple], path: Path, stored_global_batch: int, global_batch: int, override_optim: bool
+) -> list[str]:
+    """Refuse changes a resumed run cannot honour (ConfigError naming each); return the allowed ones."""
+    refused = {}
+    for key, (old, new) in changes.items():
+        if _may_change(key) or (key in OPTIM_KEYS and override_optim):
+            continue
+        if key in GLOBAL_BATCH_KEYS and stored_global_batch == global_batch:
+            continue
+        refused[key] = (old, new)
+    if refused:
+        listed = ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in refused.items())
+        if any(key in GLOBAL_BATCH_KEYS for key in refused):
+            listed += f" (global batch {stored_global_batch} -> {global_batch})"
+        optim = [key for key in refused if key in OPTIM_KEYS]
+        remedy = "start a new run.output_dir (or trainer.resume=never)"
+        if optim and len(optim) == len(refused):
+            remedy += (
+                ", or add trainer.override_optim=true to apply the new "
+                f"{', '.join(optim)} to the restored optimizer and scheduler"
+            )
+        raise ConfigError(
+            f"resuming from {path} with a changed configuration: {listed}; these must match the checkpoint: {remedy}"
+        )
+    return sorted(changes)
+
+
+def set_aside_run_files(output_dir: Path, names=RUN_FILES) -> list[Path]:
+    """A fresh start: rename an earlier run's files *.superseded (kept, never overwritten or appended to)."""
+    moved = []
+    for name in names:
+        path = Path(output_dir) / name
+        if path.exists() or path.is_symlink():
+            moved.append(unique_aside(path, "superseded"))
+            log.warning("renamed %s to %s: it belongs to an earlier run in this directory", name, moved[-1].name)
+    return moved
+
+
+def claim_output_dir(output_dir: Path) -> RunLock:
+    """Create run.output_dir if needed and lock it for this run (main process only)."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ConfigError(f"run.output_dir={str(output_dir)!r} cannot be created ({err.strerror})") from None
+    return RunLock(output_dir).acquire()
+
+
+def start_in_output_dir(output_dir: Path, cfg: Config, start_step: int, resumed: bool) -> None:
+    """Before the first step (main process only): keep every earlier file, then write config.yaml.
+
+    A resumed run keeps the metrics logged up to its checkpoint; a fresh start sets the earlier
+    run's files aside. Either way, checkpoints and a best model of steps after start_step belong
+    to a run this one replaces: renamed, never deleted, so no later resume jumps back to them.
+    """
+    if resumed:
+        truncate_metrics(output_dir, start_step)  # lines logged after this checkpoint are redone
+        best = output_dir / "best.safetensors"
+        if best.exists() and int(weights_metadata(best).get("step", -1)) > start_step:
+            set_aside_run_files(output_dir, ["best.safetensors"])
+    else:
+        set_aside_run_files(output_dir)
+    set_aside_later_checkpoints(output_dir / "checkpoints", start_step, cfg.trainer.resume)
+    config_file = output_dir / "config.yaml"
+    with writing(config_file):
+        atomic_write(config_file, lambda tmp: tmp.write_text(to_yaml(cfg), encoding="utf-8"))
+
+
+def save_best(weights: dict, output_dir: Path, step: int, metrics: dict) -> None:
+    """best.safetensors, with the step and validation metrics that made it best in its header."""
+    path = output_dir / "best.safetensors"
+    with writing(path):
+        save_weights(weights, path, metadata={"step": str(step), **{k: str(v) for k, v in metrics.items()}})
+
+
+@contextmanager
+def writing(path: Path):
+    """A failed write inside (full disk, permissions, a folder in the way) is an OutputError naming the file."""
+    try:
+        yield
+    except (OSError, RuntimeError) as err:  # torch and safetensors report some write failures as RuntimeError
+        raise OutputError(f"could not write {path} ({why_not_written(err, path.parent)})") from None
+
+
+class RunLock:
+    """An exclusive lock on a run directory, held by the main process for the whole run.
+
+    The lock file says who holds it (host, pid, start time). flock releases it when the holder's
+    process ends, however it ends, so a stale file is simply taken over.
+    """
+
+    def __init__(self, output_dir: Path):
+        self.path = Path(output_dir) / LOCK_NAME
+        self.fd: int | None = None
+
+    def acquire(self) -> RunLock:
+        """Take the lock or raise RunDirectoryBusy naming the run that holds it."""
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as err:
+                raise OutputError(f"run.output_dir: cannot create {self.path} ({write_failure(err)})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_holder(fd)
+                os.close(fd)
+                raise RunDirectoryBusy(
+                    f"run.output_dir={str(self.path.parent)!r} is in use by another run ({holder}); wait for it "
+                    "to finish, or choose another run.output_dir"
+                ) from None
+            # The holder may have removed the file between our open and our flock: lock the file
+            # that is at the path now, not an unlinked one.
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        previous = _read_holder(fd)
+        if previous != "unknown":
+            log.info("took over the lock of a run that has ended (%s)", previous)
+        record = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        """Remove the lock file and let go of the lock (a no-op when not held)."""
+        if self.fd is None:
+            return
+        self.path.unlink(missing_ok=True)
+        os.close(self.fd)
+        self.fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> str:
+    try:
+        record = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+        return f"pid {record['pid']} on host {record['host']}, started {record['started']}"
+    except (ValueError, KeyError, OSError):
+        return "unknown"
