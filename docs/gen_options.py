@@ -31,9 +31,12 @@ and `name=value` arguments answer a question on the command line, e.g.
 
 FOOTER = """
 The bake stops with one `ERROR:` line, before writing any file, when `project_name` is blank,
-`project_slug` is not a lowercase name of `[a-z0-9_-]` starting and ending with a letter or digit,
-or `package_name` is not an ASCII identifier, is a Python keyword, or would shadow a standard
-library module, torch, or a dependency of the generated project (see `hooks/pre_gen_project.py`).
+a free-text answer holds a control character, `project_slug` is not a lowercase name of
+`[a-z0-9_-]` starting and ending with a letter or digit, or `package_name` is not an ASCII
+identifier, is a Python keyword or a dunder name, or would shadow a standard library module,
+torch, a dependency of the generated project or of its dependencies (`antlr4`, `matplotlib`, ...),
+or the project's own tests (`conftest`, `test_*`); see `hooks/pre_gen_project.py`. Free text may
+hold any other Unicode, emoji included.
 """
 
 

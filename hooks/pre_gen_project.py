@@ -17,10 +17,13 @@ CONTEXT = r'''{{ cookiecutter | tojson }}'''  # fmt: skip
 # A PyPA distribution name must start and end with a letter or digit.
 SLUG_PATTERN = re.compile(r"[a-z0-9]([a-z0-9_-]*[a-z0-9])?")
 
-# Importable names the generated project or its tests need; a package with one of these names
-# would be imported instead of the real module (compared case-insensitively, for macOS and Windows).
+# Importable names the generated project, its tests and its tools need, directly or through a
+# dependency; a package with one of these names would be imported instead of the real module
+# (compared case-insensitively, for macOS and Windows). Dunder names, conftest and test_* are
+# refused by rule in validate_package_name.
 RESERVED_PACKAGE_NAMES = frozenset(
     {
+        # what the project and its tests import
         "torch",
         "torchvision",
         "torchaudio",
@@ -32,6 +35,7 @@ RESERVED_PACKAGE_NAMES = frozenset(
         "wandb",
         "tensorboard",
         "accelerate",
+        "matplotlib",
         "PIL",
         "setuptools",
         "pytest",
@@ -39,6 +43,7 @@ RESERVED_PACKAGE_NAMES = frozenset(
         "tests",
         # torch's own dependencies: shadowing one breaks `import torch` itself
         "sympy",
+        "isympy",
         "mpmath",
         "filelock",
         "jinja2",
@@ -47,28 +52,99 @@ RESERVED_PACKAGE_NAMES = frozenset(
         "fsspec",
         "typing_extensions",
         "triton",
-        "packaging",
-        "pkg_resources",
-        "pip",
+        "functorch",
+        "torchgen",
         "nvidia",
+        "packaging",
+        # omegaconf's (its config grammar) and PyYAML's
+        "antlr4",
+        "_yaml",
+        # matplotlib's (the plot extra)
+        "contourpy",
+        "cycler",
+        "fontTools",
+        "kiwisolver",
+        "pyparsing",
+        "dateutil",
+        "mpl_toolkits",
+        "pylab",
+        # accelerate's
+        "huggingface_hub",
+        "hf_xet",
+        "psutil",
+        "requests",
+        "urllib3",
+        "idna",
+        "certifi",
+        "charset_normalizer",
+        # wandb's
+        "click",
+        "pydantic",
+        "pydantic_core",
+        "annotated_types",
+        "google",
+        "git",
+        "sentry_sdk",
+        "setproctitle",
+        "platformdirs",
+        "xxhash",
+        "opentelemetry",
+        # tensorboard's
+        "absl",
+        "grpc",
+        "markdown",
+        "werkzeug",
+        "six",
+        "tensorboard_data_server",
+        # the dev extra's tools and the installers
+        "_pytest",
+        "py",
+        "pluggy",
+        "iniconfig",
+        "pygments",
+        "ruff",
+        "pre_commit",
+        "virtualenv",
+        "nodeenv",
+        "identify",
+        "cfgv",
+        "distlib",
+        "pip",
+        "pkg_resources",
+        "_distutils_hack",
         "cookiecutter",
+        # imported by Python itself at startup when found on the path
+        "sitecustomize",
+        "usercustomize",
     }
 )
+
+
+def unusable_character(value: str) -> str | None:
+    """Describe the first character that cannot go into a one-line answer, or None if none."""
+    categories = {unicodedata.category(char) for char in value}
+    if "Cc" in categories:
+        return "a control character (newline, tab, ...); use one plain line"
+    if "Cs" in categories:
+        return "a lone surrogate (bytes that are not valid UTF-8); use valid Unicode text"
+    return None
 
 
 def validate_project_name(name: str) -> str | None:
     """Return why `name` cannot be a project name, or None if it can."""
     if not name.strip():
         return "project_name is empty; give the project a name, e.g. 'My Trainer'."
-    if any(unicodedata.category(char) == "Cc" for char in name):
-        return "project_name contains a control character (newline, tab, ...); use one plain line."
+    bad = unusable_character(name)
+    if bad:
+        return f"project_name contains {bad}."
     return None
 
 
 def validate_free_text(key: str, value: str) -> str | None:
     """Return why a one-line free-text answer (description, author, email) is unusable, or None."""
-    if any(unicodedata.category(char) == "Cc" for char in value):
-        return f"{key} contains a control character (newline, tab, ...); use one plain line."
+    bad = unusable_character(value)
+    if bad:
+        return f"{key} contains {bad}."
     return None
 
 
@@ -99,6 +175,16 @@ def validate_package_name(name: str) -> str | None:
         )
     if keyword.iskeyword(name) or keyword.issoftkeyword(name):
         return f"package_name {name!r} is a Python keyword; pick another name."
+    if name.startswith("__") and name.endswith("__"):
+        return (
+            f"package_name {name!r} is a dunder name, which Python reserves for special modules "
+            "(__main__, __init__, ...); pick another name, e.g. my_trainer."
+        )
+    if name.lower() == "conftest" or name.lower().startswith("test_"):
+        return (
+            f"package_name {name!r} would shadow the project's own tests (pytest imports "
+            "conftest and test_*.py as top-level modules); pick another name, e.g. my_trainer."
+        )
     shadowed = {module.lower() for module in sys.stdlib_module_names | RESERVED_PACKAGE_NAMES}
     if name.lower() in shadowed:
         return (

@@ -35,6 +35,8 @@ EXPECTED_FILES = frozenset(
         "configs/accelerate/multi_cpu.yaml",
         "src/PKG/__init__.py",
         "src/PKG/config.py",
+        "src/PKG/errors.py",
+        "src/PKG/rundir.py",
         "src/PKG/data.py",
         "src/PKG/model.py",
         "src/PKG/checkpoint.py",
@@ -57,6 +59,9 @@ EXPECTED_FILES = frozenset(
         "tests/test_faults.py",
         "tests/test_plot.py",
         "tests/test_trackers.py",
+        "tests/test_resume.py",
+        "tests/test_errors.py",
+        "tests/test_evaluate.py",
     }
 )
 CI_FILES = frozenset({".github/workflows/ci.yml"})
@@ -264,12 +269,24 @@ AWKWARD = [
     ),
     pytest.param({"project_name": "Café Über-Net"}, "cafe-uber-net", id="accents"),
     pytest.param({"project_name": "日本 Trainer 2"}, "ri-ben-trainer-2", id="cjk"),
+    # Beyond U+FFFF: JSON escapes these as surrogate pairs (\ud83d\ude80), which TOML forbids.
+    pytest.param(
+        {
+            "project_name": "Ana 🚀 Lima Net",
+            "author": "Ana 🚀 Lima",
+            "description": 'Trains 𝛼-nets fast 🤖 \\u0041 "q"',
+            "email": "ana🚀@example.com",
+        },
+        "ana-lima-net",
+        id="emoji",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("context", "slug"), AWKWARD)
 def test_awkward_answers_bake_valid_projects(cookies, context, slug):
-    """Quotes, backslashes and non-ASCII answers still give valid TOML, Python and README."""
+    """Quotes, backslashes and non-ASCII answers (emoji too) still give valid TOML, Python, README,
+    LICENSE and answers file, each holding the answers as given."""
     baked = bake(cookies, **context)
     assert baked.path.name == slug
     assert baked.package == slug.replace("-", "_")
@@ -281,8 +298,15 @@ def test_awkward_answers_bake_valid_projects(cookies, context, slug):
         assert project["description"] == context["description"]
     if "author" in context:
         assert project["authors"][0]["name"] == context["author"]
+    if "email" in context:
+        assert project["authors"][0]["email"] == context["email"]
 
     assert_python_compiles(baked)
     assert_ruff_clean(baked)
-    assert context["project_name"] in (baked.path / "README.md").read_text(encoding="utf-8")
+    readme = (baked.path / "README.md").read_text(encoding="utf-8")
+    assert context["project_name"] in readme
+    assert context.get("description", "") in readme
     assert baked.context["author"] in (baked.path / "LICENSE").read_text(encoding="utf-8")
+    answers = yaml.safe_load((baked.path / ".cookiecutter.yaml").read_text(encoding="utf-8"))
+    for key, value in context.items():
+        assert answers["default_context"][key] == value, key

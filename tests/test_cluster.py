@@ -2,6 +2,7 @@
 
 import ast
 import os
+import re
 import signal
 import socket
 import stat
@@ -115,7 +116,36 @@ def test_slurm_script_takes_the_first_node_of_a_large_allocation_as_master(cooki
         ["bash", str(script)], cwd=baked.path, env=env, capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stderr
-    assert (tmp_path / "srun-args.master").read_text().strip() == "gpu-node-0:29500"
+    host, port = (tmp_path / "srun-args.master").read_text().strip().split(":")
+    assert host == "gpu-node-0" and port.isdigit()
+
+
+def _master_port(baked, tmp_path, **env) -> int:
+    """The MASTER_PORT the SLURM script hands srun, given these extra environment variables."""
+    script, slurm_env = _slurm(baked, tmp_path, STUB_SRUN, **env)
+    if "MASTER_PORT" not in env:
+        slurm_env.pop("MASTER_PORT", None)  # one set where the tests run must not choose it
+    result = subprocess.run(
+        ["bash", str(script)], cwd=baked.path, env=slurm_env, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return int((tmp_path / "srun-args.master").read_text().strip().rsplit(":", 1)[1])
+
+
+def test_slurm_script_gives_each_job_its_own_unprivileged_port(cookies, tmp_path):
+    """Jobs get different rendezvous ports (two jobs on one first node must not collide), each
+    unprivileged and below Linux's ephemeral range; MASTER_PORT from the environment wins."""
+    baked = bake(cookies, cluster="slurm")
+    ports = []
+    for job_id in ("4242", "4243", "1", "987654321"):
+        run_dir = tmp_path / job_id
+        run_dir.mkdir()
+        ports.append(_master_port(baked, run_dir, SLURM_JOB_ID=job_id))
+    assert len(set(ports)) == len(ports), ports
+    assert all(1024 <= port < 32768 for port in ports), ports
+    (tmp_path / "override").mkdir()
+    assert _master_port(baked, tmp_path / "override", MASTER_PORT="12345") == 12345
 
 
 def test_slurm_preemption_end_to_end_on_cpu(cookies, tmp_path):
@@ -193,6 +223,51 @@ def test_kubernetes_pytorchjob_parses_and_matches_its_replicas(cookies):
         assert command[command.index("-m") + 1] == f"{baked.package}.train"
         gpus = container["resources"]["limits"]["nvidia.com/gpu"]
         assert f"--nproc_per_node={gpus}" in command
+
+
+# Kubernetes object names: a DNS-1123 label (names of volumes, containers, label values, ...), and
+# the stricter DNS-1035 label the training operator requires of a PyTorchJob's name.
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+def _k8s_names(node, key=""):
+    """Yield (key, value) for every name, claimName and label value in a manifest's tree."""
+    if isinstance(node, dict):
+        for child_key, child in node.items():
+            if child_key == "labels":
+                yield from ((f"label {k}", v) for k, v in child.items())
+            elif child_key in ("name", "claimName") and isinstance(child, str):
+                yield child_key, child
+            else:
+                yield from _k8s_names(child, child_key)
+    elif isinstance(node, list):
+        for child in node:
+            yield from _k8s_names(child, key)
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        {},
+        {"project_slug": "2nd_model", "package_name": "second_model"},
+        {"project_slug": "my__vision_lab", "package_name": "vision_lab"},
+        {"project_slug": "9" * 70, "package_name": "long_model"},
+    ],
+    ids=["default", "digit-and-underscore", "underscores", "70-digits"],
+)
+def test_kubernetes_names_are_valid_dns_labels(cookies, answers):
+    """Whatever the slug (underscores, a leading digit, 70 characters), the PyTorchJob's name is a
+    DNS-1035 label short enough for the operator's "<name>-worker-<index>" services, and every
+    other name and label value is a DNS-1123 label."""
+    baked = bake(cookies, cluster="kubernetes", **answers)
+    job = yaml.safe_load((baked.path / "scripts" / "kubernetes" / "pytorchjob.yaml").read_text())
+    name = job["metadata"]["name"]
+    assert DNS1035_LABEL.fullmatch(name) and len(name + "-worker-99999") <= 63, name
+    names = list(_k8s_names(job))
+    assert ("claimName", f"{name}-runs") in names
+    for key, value in names:
+        assert DNS1123_LABEL.fullmatch(value) and len(value) <= 63, (key, value)
 
 
 def test_cluster_files_are_left_out_unless_chosen(cookies):

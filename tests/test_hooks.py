@@ -1,6 +1,7 @@
 """The hooks refuse bad answers with one clear line and prune the baked project."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +42,26 @@ def test_valid_package_names_are_accepted(pre_gen, name):
         ("wandb", "shadow"),
         ("sympy", "shadow"),
         ("filelock", "shadow"),
+        ("__main__", "dunder"),
+        ("__init__", "dunder"),
+        ("__trainer__", "dunder"),
+        ("conftest", "shadow"),
+        ("Conftest", "shadow"),
+        ("test_config", "shadow"),
+        ("test_mine", "shadow"),
+        ("antlr4", "shadow"),
+        ("matplotlib", "shadow"),
+        ("fonttools", "shadow"),
+        ("dateutil", "shadow"),
+        ("huggingface_hub", "shadow"),
+        ("psutil", "shadow"),
+        ("google", "shadow"),
+        ("grpc", "shadow"),
+        ("werkzeug", "shadow"),
+        ("pydantic", "shadow"),
+        ("_pytest", "shadow"),
+        ("ruff", "shadow"),
+        ("sitecustomize", "shadow"),
     ],
 )
 def test_bad_package_names_are_refused_with_a_reason(pre_gen, name, reason):
@@ -49,6 +70,28 @@ def test_bad_package_names_are_refused_with_a_reason(pre_gen, name, reason):
     assert error is not None
     assert reason in error
     assert "package_name" in error
+
+
+# `import x` / `from x import ...` at the start of a line; relative imports and Jinja are skipped.
+IMPORTED = re.compile(
+    r"^\s*(?:from\s+([A-Za-z_]\w*)[\w.]*\s+import\s|import\s+([A-Za-z_]\w*))", re.M
+)
+
+
+def test_package_name_cannot_shadow_anything_the_project_imports(pre_gen):
+    """Every top-level module the generated code or its tests import (matplotlib, conftest, ...)
+    is refused as a package name, so the project never imports itself in its place."""
+    project = ROOT / "{{cookiecutter.project_slug}}"
+    imported = {
+        name
+        for path in [*project.glob("src/*/*.py"), *project.glob("tests/*.py")]
+        for match in IMPORTED.findall(path.read_text(encoding="utf-8"))
+        for name in match
+        if name
+    }
+    assert {"torch", "omegaconf", "matplotlib", "conftest"} <= imported
+    accepted = sorted(name for name in imported if pre_gen.validate_package_name(name) is None)
+    assert not accepted, f"accepted as package names, yet imported by the project: {accepted}"
 
 
 @pytest.mark.parametrize("slug", ["my-trainer", "my_trainer", "trainer2", "2-fast", "a"])
@@ -89,6 +132,29 @@ def test_blank_or_multiline_project_names_are_refused(pre_gen, name):
 def test_free_text_project_names_are_accepted(pre_gen, name):
     """Quotes, backslashes and non-ASCII letters are fine in a project name."""
     assert pre_gen.validate_project_name(name) is None
+
+
+@pytest.mark.parametrize("key", ["project_name", "description", "author", "email"])
+def test_lone_surrogates_are_refused(pre_gen, key):
+    """Bytes that are not UTF-8 (a lone surrogate on the command line) are refused, by name."""
+    good = {
+        "project_name": "My Trainer",
+        "project_slug": "my-trainer",
+        "package_name": "my_trainer",
+        "description": "d",
+        "author": "a",
+        "email": "e@example.com",
+    }
+    error = pre_gen.validate_answers({**good, key: "Ana \udcff Lima"})
+    assert error is not None and error.startswith(key) and "surrogate" in error
+
+
+@pytest.mark.parametrize("value", ["Ana 🚀 Lima", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢 trainer", "日本 🤖"])
+def test_characters_beyond_the_basic_plane_are_accepted(pre_gen, value):
+    """Emoji and other characters beyond U+FFFF are fine in every free-text answer."""
+    assert pre_gen.validate_project_name(value) is None
+    for key in ("description", "author", "email"):
+        assert pre_gen.validate_free_text(key, value) is None
 
 
 def test_validate_answers_reports_the_first_bad_answer(pre_gen):
@@ -205,6 +271,10 @@ def test_answers_file_rebakes_an_identical_project(cookies, tmp_path):
         {"package_name": "torch"},
         {"package_name": "class"},
         {"package_name": "my-trainer"},
+        {"package_name": "__main__"},
+        {"package_name": "conftest"},
+        {"package_name": "antlr4"},
+        {"package_name": "matplotlib"},
         {"project_slug": "../escape"},
         {"project_slug": "My Trainer"},
         {"project_name": "   "},

@@ -78,6 +78,15 @@ def test_ci_workflow_lints_tests_and_runs_the_two_process_smoke(project):
     assert python == project.context["python_version"]
 
 
+def test_ci_workflow_grants_only_read_access(project):
+    """The workflow's token may only read the repository: `permissions: contents: read` at the
+    top, and no job asks for more."""
+    workflow = yaml.safe_load((project.path / ".github/workflows/ci.yml").read_text())
+    assert workflow["permissions"] == {"contents": "read"}
+    for name, job in workflow["jobs"].items():
+        assert job.get("permissions", {"contents": "read"}) == {"contents": "read"}, name
+
+
 def test_pre_commit_runs_ruff_offline_and_catches_a_lint_error(project, tmp_path):
     """pre-commit's ruff hooks pass on the fresh bake and fail on an undefined name."""
     env = project_env(project, PRE_COMMIT_HOME=str(tmp_path / "pre-commit"))
@@ -147,6 +156,50 @@ def test_dockerfile_builds_from_files_the_project_has(docker_project):
     cmd = json.loads(re.search(r"^CMD (\[.*\])$", text, re.M)[1])
     assert cmd[:3] == ["python", "-m", f"{docker_project.package}.train"]
     assert (root / cmd[cmd.index("--config") + 1]).is_file()
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """The Dockerfile's (INSTRUCTION, arguments) in order, continuation lines joined."""
+    logical = re.sub(r"\\\n(\s*#[^\n]*\n)*", " ", text)
+    return [
+        (line.split(None, 1)[0].upper(), line.split(None, 1)[1].strip())
+        for line in logical.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def test_dockerfile_trains_as_a_non_root_user_with_writable_dirs(docker_project):
+    """The image installs as root, then switches to a user that is not root (by a number, which
+    Kubernetes' runAsNonRoot can check) and that the image creates, before the training command;
+    the working directory (runs/, data/) and $HOME are writable by it."""
+    steps = dockerfile_instructions((docker_project.path / "Dockerfile").read_text())
+    kinds = [kind for kind, _ in steps]
+    users = [args for kind, args in steps if kind == "USER"]
+    assert users, "no USER: the container would run as root"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit() and int(uid) != 0 and gid != "0", users[-1]
+    last_user = len(kinds) - 1 - kinds[::-1].index("USER")
+    assert kinds.index("CMD") > last_user
+    install = next(i for i, (kind, args) in enumerate(steps) if "pip install" in args)
+    assert install < last_user, "pip must install as root, before USER"
+    commands = [
+        command.split()
+        for kind, args in steps
+        if kind == "RUN"
+        for command in re.split(r"&&|;", args)
+    ]
+    useradd = next(command for command in commands if command[0] == "useradd")
+    assert useradd[useradd.index("--uid") + 1] == uid, "the USER must exist in the image"
+    owners = {uid, useradd[-1]}
+    workdir = [args for kind, args in steps if kind == "WORKDIR"][-1]
+    home = re.search(r"\bHOME=(\S+)", " ".join(a for k, a in steps if k == "ENV"))[1]
+    for path in (workdir, f"{workdir}/runs", home):
+        owned = any(
+            c[0] == "chown" and c[1].split(":")[0] in owners and path in c for c in commands
+        )
+        open_to_all = any(c[0] == "chmod" and c[1][-1] in "67" and path in c for c in commands)
+        created = "--create-home" in useradd and path == f"/home/{useradd[-1]}"
+        assert owned or open_to_all or created, f"{path} is not writable by {users[-1]}"
 
 
 def test_dockerignore_keeps_outputs_data_and_secrets_out_of_the_image(docker_project):
