@@ -69,14 +69,20 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tiny, tmp_path, monke
 
 
 def test_gradient_accumulation_equals_the_large_batch(tiny, tmp_path, final_weights):
-    """2 micro-batches of 16 give the same weights as 1 batch of 32 (GroupNorm, fp32, no augmentation)."""
+    """2 micro-batches of 16 give the same weights as 1 batch of 32 (GroupNorm, fp32, no augmentation).
+
+    "The same" up to float rounding, which AdamW turns into lr-sized steps wherever a gradient is
+    near zero, so a bound on single weights depends on the CPU; the distance over all weights is
+    bounded instead, against what a different batch gives, as the world-size tests do.
+    """
     exact = [*tiny, "model.norm=group", "data.augment=false", "trainer.max_steps=3"]
     assert main([*exact, "data.batch_size=32", f"run.output_dir={tmp_path / 'big'}"]) == 0
     assert main([*exact, "data.batch_size=16", "trainer.grad_accum_steps=2", f"run.output_dir={tmp_path / 'acc'}"]) == 0
     assert main([*exact, "data.batch_size=16", f"run.output_dir={tmp_path / 'small'}"]) == 0
     big, acc, small = (final_weights(tmp_path / name) for name in ("big", "acc", "small"))
-    assert max((big[k] - acc[k]).abs().max() for k in big) < 1e-4  # float rounding only
-    assert max((big[k] - small[k]).abs().max() for k in big) > 1e-3  # what a different batch gives
+    rounding, other_batches = distance(big, acc), distance(big, small)
+    print(f"distance to the large batch: accumulated {rounding:.3g}, batch of 16 {other_batches:.3g}")
+    assert rounding < other_batches / 20
     steps = [r["step"] for r in read_metrics(tmp_path / "acc") if "val/acc" in r]
     assert steps == [3]  # the scheduler and max_steps count optimizer steps, not micro-batches
 
