@@ -188,7 +188,7 @@ NOT_CONFIG_KEYS = {
     "data.batch_sz",  # the unknown-key error example
     "distributed.gradient_sync",  # a function of distributed.py
 }
-FILE_SUFFIXES = {"json", "jsonl", "md", "pt", "py", "safetensors", "yaml"}
+FILE_SUFFIXES = {"json", "jsonl", "lock", "md", "pt", "py", "safetensors", "yaml"}
 
 
 def test_docs_cite_only_real_config_keys():
@@ -239,3 +239,17 @@ def test_guides_state_the_defaults_config_py_has():
     for page, key, value in stated:
         default = _cells(_table_row(table, key))[2]
         assert default.strip("`") == value, f"{page}: {key} (default {value}), config.py: {default}"
+
+
+def test_resume_allow_list_in_the_docs_is_the_one_in_rundir_py():
+    """docs/fault-tolerance.md lists exactly the keys rundir.RESUME_MAY_CHANGE lets a resumed run change."""
+    tree = ast.parse((PACKAGE_SRC / "rundir.py").read_text(encoding="utf-8"))
+    allowed = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "RESUME_MAY_CHANGE"
+    )
+    text = (DOCS / "fault-tolerance.md").read_text(encoding="utf-8")
+    listed = re.search(r"<!-- resume-may-change:.*?-->(.*?)<!-- /resume-may-change -->", text, re.S)
+    assert listed, "docs/fault-tolerance.md has no resume-may-change list"
+    assert re.findall(r"`([^`]+)`", listed[1]) == list(allowed)
