@@ -74,6 +74,18 @@ def test_wandb_gets_the_resolved_config_and_every_logged_scalar(tiny, run_dir, m
     assert any("perf/data_wait" in r for r in records)
 
 
+def test_a_fresh_start_in_the_same_directory_is_a_new_wandb_run(tiny, run_dir, monkeypatch):
+    """trainer.resume=never in a used directory starts a new wandb run instead of appending to the old one."""
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert main([*tiny, "tracker.name=wandb", "trainer.max_steps=2"]) == 0
+    assert main([*tiny, "tracker.name=wandb", "trainer.max_steps=2", "trainer.resume=never"]) == 0
+    first, second = (init["id"] for init in fake.inits)
+    assert first != second and (run_dir / "wandb_run_id").read_text() == second
+    assert (run_dir / "wandb_run_id.superseded").read_text() == first
+
+
 def test_wandb_offline_run_continues_after_resume_and_never_stores_the_api_key(tiny, run_dir, offline):
     """A resumed run logs into the same offline wandb run, and no file of the run holds the API key."""
     assert main([*tiny, "tracker.name=wandb", "tracker.tags=[baseline]", "trainer.max_steps=2"]) == 0
