@@ -16,6 +16,9 @@ from {{ cookiecutter.package_name }}.data import (
     build_train_loader,
     build_val_loader,
 )
+from {{ cookiecutter.package_name }}.errors import DataError
+
+from conftest import torchrun
 
 
 def small(**changes) -> DataConfig:
@@ -163,6 +166,99 @@ def test_cifar10_missing_offline_is_a_clear_error(tmp_path):
     cfg = load_config([], ["data.name=cifar10", f"data.root={tmp_path}", "data.download=false"])
     with pytest.raises(ConfigError, match="CIFAR-10 is not in data.root"):
         build_datasets(cfg.data)
+
+
+def test_decompression_bomb_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+    """An image over PIL's decompression-bomb limit is a DataError naming it, and training exits 2 with one line."""
+    from {{ cookiecutter.package_name }}.train import main
+
+    _write_imagefolder(tmp_path / "images")
+    Image.new("RGB", (100, 100)).save(tmp_path / "images" / "train" / "dark" / "huge.png")
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 2000)  # the others (480 pixels) pass; huge.png is over twice
+    train_set, _, _ = build_datasets(small(name="imagefolder", root=str(tmp_path / "images")))
+    with pytest.raises(DataError, match="huge.png"):
+        [train_set[i] for i in range(len(train_set))]
+
+    overrides = ["run.device=cpu", "data.name=imagefolder", f"data.root={tmp_path / 'images'}", "data.batch_size=8"]
+    overrides += ["data.num_workers=0", "data.image_size=16", "tracker.name=none", f"run.output_dir={tmp_path / 'run'}"]
+    assert main(overrides) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "huge.png" in err[0], err
+
+
+# Under torchrun: a stand-in for CIFAR10.download that records each call and writes a tiny CIFAR-10
+# (or fails, "offline"); then every rank builds the data sets and writes what happened to it.
+FAKE_CIFAR_DOWNLOAD = """
+import os, pickle, sys, time
+from datetime import timedelta
+
+import numpy as np
+import torch.distributed as dist
+from torchvision.datasets import CIFAR10, cifar
+
+from {{ cookiecutter.package_name }}.config import load_config
+from {{ cookiecutter.package_name }}.data import build_datasets
+from {{ cookiecutter.package_name }}.errors import DataError
+
+report, root, mode = sys.argv[1:4]
+rank = int(os.environ["RANK"])
+
+
+def download(self):
+    open(os.path.join(report, f"download-by-rank{rank}-{time.monotonic_ns()}"), "w").close()
+    if mode == "offline":
+        raise OSError("network unreachable")
+    folder = os.path.join(self.root, self.base_folder)
+    os.makedirs(folder, exist_ok=True)
+    time.sleep(1)  # slow, like a real download: a rank that did not wait would find no files
+    for name, _ in self.train_list + self.test_list:
+        with open(os.path.join(folder, name), "wb") as f:
+            pickle.dump({"data": np.zeros((4, 3072), np.uint8), "labels": [0, 1, 2, 3]}, f)
+    with open(os.path.join(folder, "batches.meta"), "wb") as f:
+        pickle.dump({"label_names": [f"class{i}" for i in range(10)]}, f)
+
+
+CIFAR10.download = download
+cifar.check_integrity = lambda path, md5=None: os.path.isfile(path)  # the fake files have other checksums
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+data = load_config([], ["data.name=cifar10", f"data.root={root}"]).data
+start = time.monotonic()
+try:
+    train_set, val_set, classes = build_datasets(data)
+    outcome = f"loaded {len(train_set)} {len(val_set)} {classes}"
+except DataError as err:
+    outcome = f"DataError: {err}"
+with open(os.path.join(report, f"rank{rank}"), "w") as f:
+    f.write(f"{time.monotonic() - start:.1f}\\n{outcome}")
+dist.destroy_process_group()
+"""
+
+
+def run_fake_cifar_download(tmp_path, mode: str) -> tuple[list[str], list[tuple[float, str]]]:
+    """The download calls and each rank's (seconds, outcome) of two processes building CIFAR-10."""
+    driver, report = tmp_path / "driver.py", tmp_path / "report"
+    driver.write_text(FAKE_CIFAR_DOWNLOAD)
+    report.mkdir()
+    torchrun(2, [str(report), str(tmp_path / "cifar"), mode], script=[str(driver)])
+    calls = sorted(p.name.rsplit("-", 1)[0] for p in report.glob("download-*"))
+    outcomes = [(report / f"rank{rank}").read_text().split("\n", 1) for rank in range(2)]
+    return calls, [(float(seconds), outcome) for seconds, outcome in outcomes]
+
+
+def test_cifar10_is_downloaded_once_per_node_then_loaded_by_every_rank(tmp_path):
+    """Two processes on one node: local rank 0 downloads once, the other waits, and both load the files."""
+    calls, outcomes = run_fake_cifar_download(tmp_path, "online")
+    assert calls == ["download-by-rank0"]
+    assert [outcome for _, outcome in outcomes] == ["loaded 20 4 10"] * 2
+
+
+def test_a_failed_cifar10_download_stops_every_rank_at_once_with_the_same_error(tmp_path):
+    """The downloading rank's failure reaches the waiting rank promptly (not after the timeout), as one DataError."""
+    calls, outcomes = run_fake_cifar_download(tmp_path, "offline")
+    assert calls == ["download-by-rank0"]
+    (_, first), (seconds, second) = outcomes
+    assert first == second and first.startswith("DataError:") and "network unreachable" in first
+    assert seconds < 30  # the process group's timeout is 60 s
 
 
 @pytest.mark.parametrize("workers", [0, 2])

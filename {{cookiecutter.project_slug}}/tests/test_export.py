@@ -83,3 +83,19 @@ def test_evaluate_without_checkpoint_is_a_clear_error(tmp_path, capsys):
     """Evaluating a directory with no checkpoint exits 2 and says what to do."""
     assert evaluate_main([f"run.output_dir={tmp_path}"]) == 2
     assert "holds no usable checkpoint" in capsys.readouterr().err
+
+
+def test_export_works_with_a_one_sample_validation_set(tiny, run_dir):
+    """The traced example comes from the input shape, not the data: one validation sample is enough,
+    and the program still takes a batch of 1 as well as larger ones."""
+    assert train_main([*tiny, "data.val_size=1", "trainer.max_steps=1"]) == 0
+    assert export_main([f"run.output_dir={run_dir}"]) == 0
+
+    program = torch.export.load(str(run_dir / "export" / "model.pt2")).module()
+    _, state = latest_checkpoint(run_dir / "checkpoints")
+    model = build_model(ModelConfig(), num_classes=10).eval()
+    model.load_state_dict(state["model"])
+    for batch in (1, 3):
+        images = torch.randn(batch, 3, 16, 16)
+        with torch.no_grad():
+            assert torch.allclose(program(images), model(images), atol=1e-5)

@@ -7,6 +7,7 @@ strided slices, so across all processes every validation sample is counted exact
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 from pathlib import Path
@@ -18,7 +19,9 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, ge
 from torchvision import datasets
 from torchvision.transforms import v2
 
-from .config import ConfigError, DataConfig
+from . import distributed
+from .config import DataConfig
+from .errors import ConfigError, DataError
 
 MEAN_STD = {
     "synthetic": ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
@@ -68,8 +71,11 @@ def build_transforms(cfg: DataConfig, train: bool) -> v2.Compose:
             steps.append(v2.RandomResizedCrop(cfg.image_size, scale=(0.35, 1.0), antialias=True))
         else:
             steps += [v2.Resize(cfg.image_size, antialias=True), v2.CenterCrop(cfg.image_size)]
-    elif train and cfg.augment:
-        steps.append(v2.RandomCrop(cfg.image_size, padding=cfg.image_size // 8, padding_mode="reflect"))
+    else:
+        if cfg.name == "cifar10" and cfg.image_size != 32:  # so every split has the shape export traces
+            steps.append(v2.Resize(cfg.image_size, antialias=True))
+        if train and cfg.augment:
+            steps.append(v2.RandomCrop(cfg.image_size, padding=cfg.image_size // 8, padding_mode="reflect"))
     if train and cfg.augment:
         steps.append(v2.RandomHorizontalFlip())
     return v2.Compose(steps)
@@ -114,15 +120,39 @@ def build_datasets(cfg: DataConfig, seed: int = 0) -> tuple[Dataset, Dataset, in
 
 
 def _cifar10(cfg, train_tf, val_tf):
+    """CIFAR-10 from data.root, downloaded first by one process per node when data.download is on.
+
+    Processes downloading into one folder at once write the same files at once and can leave them
+    corrupt, so local rank 0 downloads while the others wait for its outcome, which every process
+    then shares: a failed download stops all of them at once with the same error. The wait counts
+    against distributed.timeout_s; nodes that share data.root's file system still download once
+    each, so on a cluster download beforehand (or point data.root at node-local storage).
+    """
+    train_set, failure = None, None
+    # LOCAL_RANK is set by the launcher; without a process group every process is on its own.
+    if cfg.download and (os.environ.get("LOCAL_RANK", "0") == "0" or not distributed.joined()):
+        try:
+            train_set = datasets.CIFAR10(cfg.root, train=True, transform=train_tf, download=True)
+        except Exception as err:  # whatever failed (network, checksum, archive), the waiting ranks must hear it
+            failure = str(err) or type(err).__name__
+    if cfg.download:  # the same on every process, so all of them join this collective
+        failure = next((f for f in distributed.all_gather_object(failure) if f), None)
+    if failure:
+        raise _cifar10_missing(cfg, failure)
     try:
-        train_set = datasets.CIFAR10(cfg.root, train=True, transform=train_tf, download=cfg.download)
-        val_set = datasets.CIFAR10(cfg.root, train=False, transform=val_tf, download=cfg.download)
-    except (OSError, RuntimeError) as err:  # URLError is an OSError; "not found" is a RuntimeError
-        raise ConfigError(
-            f"data.name=cifar10: CIFAR-10 is not in data.root={cfg.root!r} and could not be downloaded "
-            f"({err}); download it on a machine with internet or point data.root at cifar-10-batches-py's parent"
-        ) from None
+        if train_set is None:
+            train_set = datasets.CIFAR10(cfg.root, train=True, transform=train_tf, download=False)
+        val_set = datasets.CIFAR10(cfg.root, train=False, transform=val_tf, download=False)
+    except (OSError, RuntimeError) as err:
+        raise _cifar10_missing(cfg, str(err)) from None
     return train_set, val_set
+
+
+def _cifar10_missing(cfg: DataConfig, reason: str) -> DataError:
+    return DataError(
+        f"data.name=cifar10: CIFAR-10 is not in data.root={cfg.root!r} and could not be downloaded "
+        f"({reason}); download it on a machine with internet or point data.root at cifar-10-batches-py's parent"
+    )
 
 
 def read_image(path: str) -> Image.Image:
@@ -130,8 +160,9 @@ def read_image(path: str) -> Image.Image:
     try:
         with Image.open(path) as image:
             return image.convert("RGB")
-    except (OSError, SyntaxError, ValueError) as err:
-        raise ConfigError(f"data.root: cannot read image {path} ({err}); remove or replace the file") from None
+    # DecompressionBombError (more than twice Image.MAX_IMAGE_PIXELS) is not an OSError.
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        raise DataError(f"data.root: cannot read image {path} ({err}); remove or replace the file") from None
 
 
 def _imagefolder(cfg, train_tf, val_tf):
@@ -140,9 +171,9 @@ def _imagefolder(cfg, train_tf, val_tf):
         train_set = datasets.ImageFolder(str(root / "train"), transform=train_tf, loader=read_image)
         val_set = datasets.ImageFolder(str(root / "val"), transform=val_tf, loader=read_image)
     except (FileNotFoundError, OSError) as err:
-        raise ConfigError(f"data.root={cfg.root!r}: {err}") from None
+        raise DataError(f"data.root={cfg.root!r}: {err}") from None
     if train_set.classes != val_set.classes:
-        raise ConfigError(
+        raise DataError(
             f"data.root={cfg.root!r}: train/ and val/ hold different class folders "
             f"({train_set.classes} vs {val_set.classes})"
         )
@@ -264,6 +295,6 @@ def build_train_loader(cfg: DataConfig, train_set, *, seed, rank=0, world_size=1
 def build_val_loader(cfg: DataConfig, val_set, *, rank=0, world_size=1, pin_memory=False) -> DataLoader:
     """Never shuffled; process r takes samples r, r+W, r+2W, ... so each is counted exactly once."""
     if len(val_set) < world_size:
-        raise ConfigError(f"the validation set has {len(val_set)} samples, fewer than the {world_size} processes")
+        raise DataError(f"the validation set has {len(val_set)} samples, fewer than the {world_size} processes")
     shard = Subset(val_set, range(rank, len(val_set), world_size))
     return DataLoader(shard, shuffle=False, drop_last=False, **_loader_options(cfg, pin_memory))

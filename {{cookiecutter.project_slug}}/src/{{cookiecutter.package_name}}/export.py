@@ -11,6 +11,12 @@ torch.export program that classifies a batch of normalised images without this p
     logits = program(images)   # images: float32 (N, 3, H, W), (pixels / 255 - mean) / std
 
 with data.name's mean and std from data.MEAN_STD, as training normalises them (data.DeviceImages).
+
+The model is rebuilt and output_dir chosen as for evaluate (see evaluate.py): the checkpoint gives
+the model's and the task's shape only; output_dir is run.output_dir from the command line or,
+for --checkpoint PATH alone, the run directory holding checkpoints/ (else the checkpoint's
+folder), never a directory named in the checkpoint. Errors are one `error: ...` line: exit 2 for
+bad input, 1 when a file cannot be written.
 """
 
 from __future__ import annotations
@@ -21,34 +27,52 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import atomic_write, save_weights
-from .config import ConfigError, error_line
-from .data import DeviceImages, build_datasets
+from .checkpoint import atomic_write, save_weights, writing
+from .config import Config, DataConfig
+from .data import build_datasets
+from .errors import exit_status, report
 from .evaluate import load_model_weights, restore_trained
 from .model import build_model
 
 
+def example_batch(data: DataConfig) -> torch.Tensor:
+    """A batch of the shape the model takes, made from the configuration rather than read from the data.
+
+    Two images: torch.export specialises a dimension of size 0 or 1 to that constant, so an example
+    batch of one would fix the batch size the program accepts.
+    """
+    return torch.zeros(2, 3, data.image_size, data.image_size)
+
+
 def export_program(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:
-    """torch.export the model in eval mode with a dynamic batch dimension."""
+    """torch.export the model in eval mode with a dynamic batch dimension (1 to 4096 images)."""
     batch = torch.export.Dim("batch", min=1, max=4096)
     return torch.export.export(model.eval(), (example,), dynamic_shapes=({0: batch},))
+
+
+def export_checkpoint(cfg: Config, path: Path, state: dict) -> Path:
+    """Write model.safetensors and model.pt2 of a checkpoint under output_dir/export; return that folder."""
+    _, _, num_classes = build_datasets(cfg.data)
+    model = build_model(cfg.model, num_classes)
+    load_model_weights(model, state["model"], path)
+    out = Path(cfg.run.output_dir) / "export"
+    with writing(out / "model.safetensors"):
+        save_weights(model.state_dict(), out / "model.safetensors")
+    program = export_program(model, example_batch(cfg.data))
+    with writing(out / "model.pt2"):
+        atomic_write(out / "model.pt2", lambda tmp: torch.export.save(program, str(tmp)))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        cfg, path, state, _ = restore_trained(argv, f"{__package__}.export")
-        _, val_set, num_classes = build_datasets(cfg.data)
-        model = build_model(cfg.model, num_classes)
-        load_model_weights(model, state["model"], path)
-    except ConfigError as err:
-        print(f"error: {error_line(err)}", file=sys.stderr)
-        return 2
-    out = Path(cfg.run.output_dir) / "export"
-    save_weights(model.state_dict(), out / "model.safetensors")
-    example = DeviceImages(torch.device("cpu"), cfg.data.name)(torch.stack([val_set[i][0] for i in range(2)]))
-    program = export_program(model, example)
-    atomic_write(out / "model.pt2", lambda tmp: torch.export.save(program, str(tmp)))
+        cfg, path, state = restore_trained(argv, f"{__package__}.export")
+        out = export_checkpoint(cfg, path, state)
+    except Exception as err:
+        if exit_status(err) is None:
+            raise  # a bug: its traceback is what helps
+        return report(err)
     print(f"exported {path} to {out}/model.safetensors and {out}/model.pt2")
     return 0
 
