@@ -15,6 +15,7 @@ import random
 import re
 import zipfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from . import distributed
 from .config import Config
-from .errors import CheckpointError
+from .errors import CheckpointError, OutputError, why_not_written, write_failure
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,17 @@ def atomic_write(path: Path, write: Callable[[Path], None], check: Callable[[Pat
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextmanager
+def writing(path: Path):
+    """A write inside that fails (full disk, no permission, a folder in the way) is an OutputError naming path."""
+    try:
+        yield
+    except Exception as err:  # OSError; torch.save's and safetensors' RuntimeError / SafetensorError
+        if write_failure(err) is None:
+            raise
+        raise OutputError(f"could not write {path} ({why_not_written(err, path.parent)})") from None
 
 
 def step_of(path: Path) -> int:

@@ -58,7 +58,7 @@ class DataConfig:
     augment: bool = True
     """Random crop and horizontal flip on training images; validation images are never augmented."""
     image_size: int = 32
-    """Side of the square images, in pixels (synthetic images are made at this size; imagefolder resizes)."""
+    """Side of the square images, in pixels (synthetic images are made at this size; cifar10 and imagefolder resize)."""
     num_classes: int = 10
     """Classes of the synthetic data set (cifar10 and imagefolder take theirs from the data)."""
     train_size: int = 4000

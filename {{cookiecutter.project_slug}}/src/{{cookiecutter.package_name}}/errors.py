@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import re
 import shutil
+import sys
 from pathlib import Path
 
 BAD_INPUT = 2
@@ -44,6 +45,12 @@ def error_line(err: BaseException) -> str:
     return re.sub(r"^[\w.]+Error: ", "", last)
 
 
+def report(err: BaseException) -> int:
+    """Print err as one `error: ...` line on stderr and return its exit status (exit_status must know it)."""
+    print(f"error: {error_line(err)}", file=sys.stderr)
+    return exit_status(err)
+
+
 def exit_status(err: BaseException) -> int | None:
     """The exit status for an error the entry points report in one line; None for a bug (traceback)."""
     if isinstance(err, ConfigError):
@@ -68,6 +75,8 @@ def write_failure(err: BaseException) -> str | None:
     text = str(err).lower()
     if isinstance(err, RuntimeError) and ("write failed" in text or "no space left" in text):
         return "the write failed (is the disk full?)"
+    if type(err).__name__ == "SafetensorError":  # safetensors' own error type for a failed write
+        return error_line(err)
     return None
 
 

@@ -18,12 +18,11 @@ import logging
 import os
 import socket
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
-from .checkpoint import atomic_write, save_weights, set_aside_later_checkpoints, unique_aside, weights_metadata
+from .checkpoint import atomic_write, save_weights, set_aside_later_checkpoints, unique_aside, weights_metadata, writing
 from .config import Config, to_yaml
-from .errors import ConfigError, OutputError, RunDirectoryBusy, why_not_written, write_failure
+from .errors import ConfigError, OutputError, RunDirectoryBusy, write_failure
 from .metrics import truncate_metrics
 
 log = logging.getLogger(__name__)
@@ -163,15 +162,6 @@ def save_best(weights: dict, output_dir: Path, step: int, metrics: dict) -> None
     path = output_dir / "best.safetensors"
     with writing(path):
         save_weights(weights, path, metadata={"step": str(step), **{k: str(v) for k, v in metrics.items()}})
-
-
-@contextmanager
-def writing(path: Path):
-    """A failed write inside (full disk, permissions, a folder in the way) is an OutputError naming the file."""
-    try:
-        yield
-    except (OSError, RuntimeError) as err:  # torch and safetensors report some write failures as RuntimeError
-        raise OutputError(f"could not write {path} ({why_not_written(err, path.parent)})") from None
 
 
 class RunLock:
