@@ -156,7 +156,7 @@ def test_an_output_that_cannot_be_written_exits_1_with_one_line(command, trained
     (tmp_path / "taken").write_text("a file, not a folder")
     assert command(["--checkpoint", str(path), f"run.output_dir={tmp_path / 'taken'}", "data.num_workers=0"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: cannot write") and "taken" in err[0], err
+    assert len(err) == 1 and err[0].startswith("error: could not write") and "taken" in err[0], err
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders; the test above covers root")
