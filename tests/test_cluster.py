@@ -148,6 +148,21 @@ def test_slurm_script_gives_each_job_its_own_unprivileged_port(cookies, tmp_path
     assert _master_port(baked, tmp_path / "override", MASTER_PORT="12345") == 12345
 
 
+def test_slurm_script_skips_a_port_that_is_taken(cookies, tmp_path):
+    """When another program listens on the job's port, the script takes the next free one."""
+    baked = bake(cookies, cluster="slurm")
+    job_id = 4242
+    taken = 20000 + job_id % 10000
+    with socket.socket() as holder:
+        try:
+            holder.bind(("", taken))
+        except OSError:
+            pytest.skip(f"port {taken} is already in use here")
+        holder.listen()
+        port = _master_port(baked, tmp_path, SLURM_JOB_ID=str(job_id))
+    assert taken < port < taken + 200
+
+
 def test_slurm_preemption_end_to_end_on_cpu(cookies, tmp_path):
     """The SLURM script with an srun that starts 2 real training tasks here: SIGUSR1 to the tasks
     (what --signal does) makes them checkpoint and exit 75, and the script requeues the job."""
