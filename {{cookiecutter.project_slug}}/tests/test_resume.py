@@ -94,6 +94,17 @@ def test_resuming_with_another_precision_exits_2(tiny, run_dir, capsys):
     assert "trainer.precision 'fp32' -> 'bf16'" in one_line_error(capsys)
 
 
+@pytest.mark.gpu
+def test_resuming_an_fp32_checkpoint_with_fp16_exits_2_on_a_gpu(tiny, run_dir, capsys):
+    """On a GPU, fp16 is allowed; resuming an fp32 checkpoint with it (its gradient scaler state is empty,
+    which GradScaler.load_state_dict refuses with a RuntimeError) stops with one line instead."""
+    gpu = [arg.replace("run.device=cpu", "run.device=cuda") for arg in tiny]
+    assert main([*gpu, *SAVING, "trainer.max_steps=2"]) == 0
+    capsys.readouterr()
+    assert main([*gpu, *SAVING, "trainer.max_steps=4", "trainer.precision=fp16"]) == 2
+    assert "trainer.precision 'fp32' -> 'fp16'" in one_line_error(capsys)
+
+
 def test_a_fresh_start_in_a_used_directory_keeps_every_earlier_file(tiny, run_dir):
     """trainer.resume=never in a directory that holds two earlier runs: their metrics, best model, config and
     checkpoints are renamed *.superseded under names of their own; the new metrics.jsonl holds one series."""

@@ -83,6 +83,7 @@ def use_deterministic_kernels(enabled: bool) -> None:
 def train(cfg: Config) -> dict:
     """Train as configured and return the final validation metrics."""
     env = distributed.setup(cfg)
+    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING, format="%(asctime)s %(message)s")
     lock = None
     try:
         lock = distributed.on_main(claim_output_dir, Path(cfg.run.output_dir))  # a second run here exits 2
@@ -99,7 +100,6 @@ def train(cfg: Config) -> dict:
 def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     output_dir, tcfg = Path(cfg.run.output_dir), cfg.trainer
     checkpoints = output_dir / "checkpoints"
-    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING, format="%(asctime)s %(message)s")
     use_deterministic_kernels(cfg.run.deterministic)
     seed_everything(cfg.run.seed)  # the same initial weights on every rank: FSDP does not broadcast them
 
