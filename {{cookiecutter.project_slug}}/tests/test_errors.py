@@ -34,6 +34,7 @@ def one_line_error(capsys) -> str:
         ("distributed.timeout_s=100000000000000", "distributed.timeout_s=100000000000000 is longer than"),
         ("distributed.timeout_s=1e14", "distributed.timeout_s"),
         ("run.output_dir=", "run.output_dir"),
+        ("run.output_dir=''", "run.output_dir is empty"),  # '' would have been the current directory
         ("run.output_dir=' '", "run.output_dir is empty"),
     ],
 )
