@@ -46,6 +46,8 @@ EXPECTED_FILES = frozenset(
         "src/PKG/distributed.py",
         "src/PKG/train.py",
         "src/PKG/evaluate.py",
+        "src/PKG/restore.py",
+        "src/PKG/validation.py",
         "src/PKG/export.py",
         "src/PKG/preemption.py",
         "tests/conftest.py",

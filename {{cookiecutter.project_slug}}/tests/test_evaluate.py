@@ -14,8 +14,8 @@ from {{ cookiecutter.package_name }} import checkpoint as checkpoint_module
 from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint
 from {{ cookiecutter.package_name }}.config import Config
 from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
-from {{ cookiecutter.package_name }}.evaluate import restore_trained
 from {{ cookiecutter.package_name }}.export import main as export_main
+from {{ cookiecutter.package_name }}.restore import restore_trained
 from {{ cookiecutter.package_name }}.train import main as train_main
 
 from conftest import TINY

@@ -10,8 +10,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from {{ cookiecutter.package_name }}.config import TrackerConfig
 from {{ cookiecutter.package_name }}.data import DeviceImages
-from {{ cookiecutter.package_name }}.evaluate import evaluate_model
 from {{ cookiecutter.package_name }}.metrics import MetricsLogger, PerfMeter, SampleMean, read_metrics
+from {{ cookiecutter.package_name }}.validation import evaluate_model
 
 
 def test_sample_mean_weights_a_short_last_batch_by_its_size():

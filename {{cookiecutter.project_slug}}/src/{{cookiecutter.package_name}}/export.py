@@ -31,8 +31,8 @@ from .checkpoint import atomic_write, save_weights, writing
 from .config import Config, DataConfig
 from .data import build_datasets
 from .errors import exit_status, report
-from .evaluate import load_model_weights, restore_trained
 from .model import build_model
+from .restore import load_model_weights, restore_trained
 
 
 def example_batch(data: DataConfig) -> torch.Tensor:

@@ -1,9 +1,11 @@
-"""The model: a torchvision classifier by name, the loss, and what freezing means.
+"""The model: a torchvision classifier by name, the loss, what freezing means, and mixed precision.
 
 Parallelism (DDP/FSDP) is applied in distributed.py, never here.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torchvision
@@ -95,3 +97,13 @@ def classification_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
             f"got shape {tuple(targets.shape)} and dtype {targets.dtype}"
         )
     return F.cross_entropy(logits.float(), targets)
+
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(device: torch.device, precision: str):
+    """torch.autocast for bf16/fp16; a no-op context for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision])

@@ -45,9 +45,8 @@ from .checkpoint import (
 from .config import Config, ConfigError, load_config, parse_args, to_dict
 from .data import DeviceImages, build_datasets, build_train_loader, build_val_loader, shut_down_workers
 from .errors import OutputError, error_line, exit_status, why_not_written
-from .evaluate import autocast, evaluate_model, mismatch
 from .metrics import MetricsLogger, PerfMeter, SampleMean
-from .model import build_model, classification_loss, train_mode
+from .model import autocast, build_model, classification_loss, train_mode
 from .optim import (
     REMEDIES,
     Diverged,
@@ -60,7 +59,9 @@ from .optim import (
     warmup_cosine,
 )
 from .preemption import PREEMPTED_EXIT, Preempted, StopRequest
+from .restore import mismatch
 from .rundir import check_resume_changes, claim_output_dir, config_changes, save_best, start_in_output_dir
+from .validation import evaluate_model
 
 log = logging.getLogger(__package__)
 
