@@ -46,6 +46,8 @@ EXPECTED_FILES = frozenset(
         "src/PKG/distributed.py",
         "src/PKG/train.py",
         "src/PKG/evaluate.py",
+        "src/PKG/state.py",
+        "src/PKG/step.py",
         "src/PKG/restore.py",
         "src/PKG/validation.py",
         "src/PKG/export.py",
@@ -64,6 +66,7 @@ EXPECTED_FILES = frozenset(
         "tests/test_resume.py",
         "tests/test_errors.py",
         "tests/test_evaluate.py",
+        "tests/test_state.py",
     }
 )
 CI_FILES = frozenset({".github/workflows/ci.yml"})

@@ -16,7 +16,6 @@ import re
 import zipfile
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,35 +31,6 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
-
-
-@dataclass
-class Progress:
-    """Where training stands; saved in every checkpoint."""
-
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0  # epochs completed
-    samples_done: int = 0  # samples all processes together consumed in the current epoch
-    best_acc: float = -1.0
-    best_step: int = -1
-    skipped_steps: int = 0  # fp16 steps the gradient scaler skipped (inf/NaN gradients)
-
-    def state_dict(self) -> dict:
-        return asdict(self)
-
-    def load_state_dict(self, state: dict) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
-
-
-def check_resumable(progress: Progress, global_batch: int, path: Path) -> None:
-    """A mid-epoch checkpoint continues only where it ends on one of this run's optimizer steps."""
-    if progress.samples_done % global_batch:
-        raise CheckpointError(
-            f"{path}: stopped {progress.samples_done} samples into epoch {progress.epoch}, not a whole number "
-            f"of this run's global batches ({global_batch} = data.batch_size x processes x grad_accum_steps); "
-            "resume with the same global batch"
-        )
 
 
 def strip_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

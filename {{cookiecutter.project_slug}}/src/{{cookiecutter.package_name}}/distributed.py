@@ -128,6 +128,11 @@ def is_peer_failure(err: BaseException) -> bool:
     return isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and bool(PEER_FAILURE.search(str(err))))
 
 
+def is_main() -> bool:
+    """Whether this is the main process (rank 0), the one that writes files."""
+    return not joined() or dist.get_rank() == 0
+
+
 def joined() -> bool:
     """Whether this process is part of a process group (False for one process without a launcher)."""
     return dist.is_available() and dist.is_initialized()

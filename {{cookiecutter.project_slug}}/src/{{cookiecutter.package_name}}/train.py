@@ -32,35 +32,17 @@ import torch
 from tqdm import tqdm
 
 from . import distributed
-from .checkpoint import (
-    CheckpointError,
-    Progress,
-    check_resumable,
-    remove_stale_temporaries,
-    resume_state,
-    rng_state,
-    save_checkpoint,
-    set_rng_state,
-)
+from .checkpoint import remove_stale_temporaries, resume_state
 from .config import Config, ConfigError, load_config, parse_args, to_dict
 from .data import DeviceImages, build_datasets, build_train_loader, build_val_loader, shut_down_workers
-from .errors import OutputError, error_line, exit_status, why_not_written
-from .metrics import MetricsLogger, PerfMeter, SampleMean
-from .model import autocast, build_model, classification_loss, train_mode
-from .optim import (
-    REMEDIES,
-    Diverged,
-    apply_optim_config,
-    build_optimizer,
-    check_finite,
-    gradient_norm,
-    refresh_learning_rate,
-    step_if_finite,
-    warmup_cosine,
-)
+from .errors import OutputError, error_line, exit_status
+from .metrics import MetricsLogger, PerfMeter
+from .model import build_model, classification_loss, train_mode
+from .optim import Diverged, build_optimizer, check_finite, warmup_cosine
 from .preemption import PREEMPTED_EXIT, Preempted, StopRequest
-from .restore import mismatch
-from .rundir import check_resume_changes, claim_output_dir, config_changes, save_best, start_in_output_dir
+from .rundir import claim_output_dir, save_best, start_in_output_dir
+from .state import TrainState
+from .step import StepResult, train_step
 from .validation import evaluate_model
 
 log = logging.getLogger(__package__)
@@ -99,18 +81,17 @@ def train(cfg: Config) -> dict:
 
 
 def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
+    """The recipe: data, model, optimizer, resume, then the outer loop (step, log, validate, save, stop)."""
     output_dir, tcfg = Path(cfg.run.output_dir), cfg.trainer
     checkpoints = output_dir / "checkpoints"
     use_deterministic_kernels(cfg.run.deterministic)
     seed_everything(cfg.run.seed)  # the same initial weights on every rank: FSDP does not broadcast them
-
     if env.is_main:
         remove_stale_temporaries(checkpoints)  # after claim_output_dir: no other run is saving here
 
     # Data: each process gets its own slice; the global batch is batch_size x world_size x accum.
     train_set, val_set, num_classes = build_datasets(cfg.data)
-    on_cuda = env.device.type == "cuda"
-    shard = dict(rank=env.rank, world_size=env.world_size, pin_memory=on_cuda)
+    shard = dict(rank=env.rank, world_size=env.world_size, pin_memory=env.device.type == "cuda")
     train_loader = build_train_loader(cfg.data, train_set, seed=cfg.run.seed, **shard)
     val_loader = build_val_loader(cfg.data, val_set, **shard)
     accum = tcfg.grad_accum_steps
@@ -119,6 +100,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     if steps_per_epoch == 0:
         raise ConfigError(f"trainer.grad_accum_steps={accum} exceeds the {len(train_loader)} batches of an epoch")
     total_steps = min(steps_per_epoch * tcfg.max_epochs, tcfg.max_steps or math.inf)
+    epoch_samples = steps_per_epoch * accum * global_micro  # all processes, in the steps an epoch takes
     log.info(
         "global batch %d = %d per process x %d processes x %d accumulation steps; %d optimizer steps",
         global_micro * accum, cfg.data.batch_size, env.world_size, accum, total_steps,
@@ -135,168 +117,60 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     schedule = partial(
         warmup_cosine, warmup=cfg.optim.warmup_steps, total=total_steps, min_ratio=cfg.optim.min_lr_ratio
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    scaler = torch.amp.GradScaler(env.device.type, enabled=tcfg.precision == "fp16")  # fp16 only
-    progress = Progress()
-    running = SampleMean()  # train/loss since the last log line
-    fp16 = scaler.is_enabled()
-    nonfinite: list[torch.Tensor] = []  # one flag per optimizer step since the last check: 1.0 = inf/NaN norm
-
-    def check_updates() -> None:
-        """At log and save time only (a host sync): stop if any update was non-finite (fp16: count it)."""
-        if not nonfinite:
-            return
-        flags = torch.stack(nonfinite).tolist()  # one host read for the whole window
-        bad = [progress.step - len(flags) + 1 + i for i, flag in enumerate(flags) if flag]
-        nonfinite.clear()
-        if fp16:  # the scaler skipped those steps and lowered its scale: expected in fp16
-            progress.skipped_steps += len(bad)
-        elif bad:
-            raise Diverged(f"the gradient norm is not finite at step {bad[0]} (that update was skipped; nothing "
-                           f"non-finite was saved); {REMEDIES}")  # fmt: skip
-
-    def save() -> None:
-        check_updates()  # never checkpoint a state that went non-finite
-        if running.count:  # the same on every rank: all check, or none does
-            check_finite("train/loss", running.global_mean(), progress.step, tcfg.precision)
-        weights = distributed.full_model_state(model)  # every rank joins the gathers
-        optim_state = distributed.full_optimizer_state(model, optimizer)
-        mine = {"rng": rng_state(), "loader": train_loader.generator.get_state(), "running": running.state_dict()}
-        per_rank = distributed.all_gather_object(mine)
-        error = None
-        if env.is_main:
-            state = {
-                "model": weights,
-                "optimizer": optim_state,
-                "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict(),
-                "progress": progress.state_dict(),
-                "ranks": per_rank,
-                "config": to_dict(cfg),
-            }
-            try:
-                save_checkpoint(checkpoints, state, progress.step, tcfg.keep_last)
-            except (OSError, RuntimeError, CheckpointError) as err:  # torch.save: RuntimeError on a full disk
-                error = (
-                    f"could not write the step {progress.step} checkpoint in {checkpoints} "
-                    f"({why_not_written(err, checkpoints)}); older ones are kept"
-                )
-        error = distributed.broadcast_object(error)  # it counts once written and verified; all ranks learn it
-        if error:
-            raise OutputError(error)
+    state = TrainState(
+        model=model,
+        optimizer=optimizer,
+        scheduler=torch.optim.lr_scheduler.LambdaLR(optimizer, schedule),
+        scaler=torch.amp.GradScaler(env.device.type, enabled=tcfg.precision == "fp16"),  # fp16 only
+        loader_generator=train_loader.generator,
+        device=env.device,
+    )
+    progress = state.progress
 
     found = resume_state(cfg, checkpoints, env.is_main)
     if found:
-        path, state = found
-        stored_config = state.get("config") or {}
-        stored_batch = stored_config.get("data", {}).get("batch_size", cfg.data.batch_size)
-        stored_accum = stored_config.get("trainer", {}).get("grad_accum_steps", accum)
-        changed = check_resume_changes(
-            config_changes(stored_config, to_dict(cfg)),
-            path,
-            stored_global_batch=stored_batch * len(state.get("ranks") or [None]) * stored_accum,
-            global_batch=global_micro * accum,
-            override_optim=tcfg.override_optim,
-        )
-        progress.load_state_dict(state["progress"])
-        check_resumable(progress, global_micro * accum, path)
-        try:
-            distributed.load_full_state(model, optimizer, state["model"], state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            scaler.load_state_dict(state["scaler"])
-        except (RuntimeError, KeyError, ValueError) as err:
-            raise CheckpointError(f"{path}: does not fit the configured model ({mismatch(err)})") from None
-        if changed:
-            log.info("resuming with changed %s", ", ".join(changed))
-        if tcfg.override_optim:
-            apply_optim_config(optimizer, scheduler, cfg.optim)
-        elif {"trainer.max_epochs", "trainer.max_steps"} & set(changed):
-            refresh_learning_rate(scheduler)  # the schedule now ends at total_steps
-        if env.rank < len(state["ranks"]):  # a new rank (more processes than before) keeps its fresh seed
-            mine = state["ranks"][env.rank]
-            set_rng_state(mine["rng"])
-            train_loader.generator.set_state(mine["loader"])
-            if len(state["ranks"]) == env.world_size and "running" in mine:
-                running.load_state_dict(mine["running"], env.device)
-        log.info("resumed from %s at step %d, epoch %d", path, progress.step, progress.epoch)
+        state.resume(*found, cfg, env, global_batch=global_micro * accum)
     distributed.on_main(start_in_output_dir, output_dir, cfg, progress.step, bool(found))
     logger = distributed.on_main(MetricsLogger, output_dir, cfg.tracker, to_dict(cfg)) or MetricsLogger.disabled()
+
+    def loss_fn(model: torch.nn.Module, batch) -> tuple[torch.Tensor, int]:
+        images, targets = batch
+        images = inputs(images)
+        targets = targets.to(env.device, non_blocking=True)  # the whole batch moves, not just inputs
+        return classification_loss(model(images), targets), len(targets)
+
+    def validate() -> dict:
+        return evaluate_model(distributed.without_ddp(model), val_loader, inputs, tcfg.precision)
+
     val: dict = {}
     perf = PerfMeter(env.device, env.world_size)
-    show_bar = env.is_main and sys.stderr.isatty()
     try:
         while progress.epoch < tcfg.max_epochs and progress.step < total_steps:
             train_mode(model)
             done = progress.samples_done // global_micro  # micro-batches of this epoch already taken
             train_loader.sampler.set_position(progress.epoch, progress.samples_done // env.world_size)
-            batches = itertools.islice(train_loader, steps_per_epoch * accum - done)
+            left = steps_per_epoch * accum - done
             bar = tqdm(
-                perf.timed(batches),
-                total=steps_per_epoch * accum - done,
-                disable=not show_bar,
+                perf.timed(itertools.islice(train_loader, left)),
+                total=left,
+                disable=not (env.is_main and sys.stderr.isatty()),
                 desc=f"epoch {progress.epoch}",
                 leave=False,
             )
-            for micro, (images, targets) in enumerate(bar, start=done):
-                images = inputs(images)
-                targets = targets.to(env.device, non_blocking=True)  # the whole batch moves, not just inputs
-                if micro % accum == 0:
-                    optimizer.zero_grad(set_to_none=True)
-                last_micro = (micro + 1) % accum == 0
-                with distributed.gradient_sync(model, enabled=last_micro):  # one all-reduce per step
-                    with autocast(env.device, tcfg.precision):
-                        logits = model(images)
-                        loss = classification_loss(logits, targets)
-                    try:
-                        scaler.scale(loss / accum if accum > 1 else loss).backward()
-                    except RuntimeError as err:
-                        if not tcfg.detect_anomaly:
-                            raise
-                        reason = str(err).strip().splitlines()[0]  # names the backward op; the warning shows where
-                        raise Diverged(f"autograd anomaly at step {progress.step + 1}: {reason}") from None
-                running.update(loss, len(targets))  # stays on the device: no host sync per step
-                perf.samples += len(targets)
-                progress.samples_done += global_micro
-                if not last_micro:
-                    continue
-                scaler.unscale_(optimizer)  # true gradients for the norm (a no-op unless fp16)
-                grad_norm = gradient_norm(model, tcfg.grad_clip)  # the same on every rank
-                # norm - norm is 0 when finite and NaN for inf or NaN: 2 ops, no host sync; read by check_updates.
-                bad = (grad_norm - grad_norm).ne_(0)
-                nonfinite.append(bad)
-                lr = scheduler.get_last_lr()[0]  # the rate this step uses
-                if fp16:
-                    scaler.step(optimizer)  # skips the step itself on inf/NaN gradients
-                    scaler.update()
-                else:
-                    step_if_finite(optimizer, bad)
-                scheduler.step()  # per optimizer step, not per micro-batch
-                distributed.broadcast_buffers(model)  # FSDP: one set of BatchNorm statistics, as DDP keeps
-                progress.step += 1
-                perf.steps += 1
-
+            batches = iter(bar)
+            for _ in range(left // accum):
+                result = train_step(state, itertools.islice(batches, accum), loss_fn, tcfg, global_micro)
+                perf.samples, perf.steps = perf.samples + result.samples, perf.steps + 1
                 if progress.step % tcfg.log_every == 0:
-                    check_updates()
-                    train_loss = running.global_mean()  # every rank gets it, so all stop together on NaN
-                    check_finite("train/loss", train_loss, progress.step, tcfg.precision)
-                    metrics = {
-                        "train/loss": train_loss,
-                        "train/lr": lr,
-                        "train/grad_norm": grad_norm.item(),
-                        **perf.read(),
-                    }
-                    if fp16:
-                        metrics["train/skipped_steps"] = progress.skipped_steps
-                    distributed.on_main(logger.log, metrics, progress.step, progress.epoch)
+                    train_loss = log_training(state, result, perf, logger, tcfg.precision)
                     bar.set_postfix(loss=f"{train_loss:.4f}")
-                    running.reset()
                 stopping = stop.poll()  # a signal on any rank stops every rank after this same step
                 # At the end of the epoch (or of training) validation and a save follow: saving here too
                 # would leave a checkpoint of this step that predates its validation line.
-                ends_loop = progress.step >= total_steps or micro + 1 == steps_per_epoch * accum
+                ends_loop = progress.step >= total_steps or progress.samples_done == epoch_samples
                 if stopping or (progress.step % tcfg.checkpoint_every == 0 and not ends_loop):
                     with perf.excluded():
-                        save()
+                        state.save(checkpoints, cfg)
                 if stopping:
                     raise Preempted(
                         f"stopped by {stop.signal.name if stop.signal else 'a signal to another process'} "
@@ -305,11 +179,10 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                 if progress.step >= total_steps:
                     break
             bar.close()
-            if progress.samples_done >= steps_per_epoch * accum * global_micro:
+            if progress.samples_done >= epoch_samples:
                 progress.epoch, progress.samples_done = progress.epoch + 1, 0
-
             with perf.excluded():  # validation and saving are not training time
-                val = evaluate_model(distributed.without_ddp(model), val_loader, inputs, tcfg.precision)
+                val = validate()
                 check_finite("val/loss", val["val/loss"], progress.step, tcfg.precision)  # before anything is saved
                 if val["val/acc"] > progress.best_acc:
                     progress.best_acc, progress.best_step = val["val/acc"], progress.step
@@ -319,19 +192,35 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                 distributed.on_main(logger.log, val, progress.step, progress.epoch)
                 log.info(
                     "epoch %d step %d: val/loss %.4f val/acc %.4f (%d samples)",
-                    progress.epoch,
-                    progress.step,
-                    val["val/loss"],
-                    val["val/acc"],
-                    val["val/samples"],
-                )
-                save()
+                    progress.epoch, progress.step, val["val/loss"], val["val/acc"], val["val/samples"],
+                )  # fmt: skip
+                state.save(checkpoints, cfg)
         if not val:  # resumed a finished run: report its metrics again
-            val = evaluate_model(distributed.without_ddp(model), val_loader, inputs, tcfg.precision)
+            val = validate()
     finally:
         logger.close()
         shut_down_workers(train_loader, val_loader)
     return {**val, "val/best_acc": progress.best_acc, "step": progress.step, "epoch": progress.epoch}
+
+
+def log_training(
+    state: TrainState, result: StepResult, perf: PerfMeter, logger: MetricsLogger, precision: str
+) -> float:
+    """A train/loss line (a host sync, so only every trainer.log_every steps); returns the loss."""
+    state.check_updates()
+    train_loss = state.running.global_mean()  # every rank gets it, so all stop together on NaN
+    check_finite("train/loss", train_loss, state.progress.step, precision)
+    metrics = {
+        "train/loss": train_loss,
+        "train/lr": result.lr,
+        "train/grad_norm": result.grad_norm.item(),
+        **perf.read(),
+    }
+    if state.scaler.is_enabled():
+        metrics["train/skipped_steps"] = state.progress.skipped_steps
+    distributed.on_main(logger.log, metrics, state.progress.step, state.progress.epoch)
+    state.running.reset()
+    return train_loss
 
 
 def out_of_memory_advice(batch_size: int, accum: int) -> str:
