@@ -15,7 +15,16 @@ import torch
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import TrackerConfig
-from {{ cookiecutter.package_name }}.errors import BAD_INPUT, RUNTIME_FAILURE, ConfigError, OutputError, exit_status
+from {{ cookiecutter.package_name }}.errors import (
+    BAD_INPUT,
+    RUNTIME_FAILURE,
+    CheckpointError,
+    ConfigError,
+    Diverged,
+    OutputError,
+    Preempted,
+    exit_status,
+)
 from {{ cookiecutter.package_name }}.metrics import MetricsLogger, truncate_metrics
 from {{ cookiecutter.package_name }}.train import main
 
@@ -67,10 +76,11 @@ def deny_writes(tensors, filename, metadata=None):
 
 
 def test_error_kinds_map_to_exit_statuses():
-    """Bad input is 2, a failed write is 1, anything else is a bug (a traceback)."""
-    assert exit_status(ConfigError("x")) == BAD_INPUT == 2
-    assert exit_status(OutputError("x")) == RUNTIME_FAILURE == 1
-    assert exit_status(KeyError("x")) is None
+    """Bad input is 2, a failed write or a divergence 1, a stop on request 75, anything else a bug (a traceback)."""
+    assert exit_status(CheckpointError("x")) == exit_status(ConfigError("x")) == BAD_INPUT == 2
+    assert exit_status(OutputError("x")) == exit_status(Diverged("x")) == RUNTIME_FAILURE == 1
+    assert exit_status(Preempted("x")) == 75
+    assert exit_status(KeyError("x")) is None and exit_status(RuntimeError("x")) is None
 
 
 def test_metrics_are_strict_json_with_null_for_non_finite_values(tmp_path):

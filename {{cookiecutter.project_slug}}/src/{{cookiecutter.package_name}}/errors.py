@@ -3,8 +3,9 @@
 Every entry point turns these into one line on stderr and the status below, never a traceback:
 
     2  bad input the user must fix: configuration, data, a checkpoint (ConfigError and subclasses)
-    1  a failure while running: an output could not be written (disk full, permissions), the
-       run diverged, ran out of memory, or a peer process hung or died
+    1  a failure while running: an output could not be written (OutputError, e.g. a full disk),
+       the run diverged (Diverged); train.py adds out of memory and a peer that hung or died
+   75  stopped on request after writing a checkpoint (Preempted): run the same command again
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 
 BAD_INPUT = 2
 RUNTIME_FAILURE = 1
+PREEMPTED_EXIT = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, run the same command again
 
 
 class ConfigError(Exception):
@@ -39,6 +41,23 @@ class RunDirectoryBusy(ConfigError):
     """Another run is writing into the same run.output_dir (exit 2)."""
 
 
+class Diverged(RuntimeError):
+    """The loss or gradient norm became NaN or infinite; nothing non-finite is ever checkpointed (exit 1)."""
+
+
+class Preempted(Exception):
+    """Training stopped on request after writing a checkpoint; run the same command to resume (exit 75)."""
+
+
+# The one table from error kind to exit status; the first matching kind wins.
+EXIT_STATUS = (
+    (ConfigError, BAD_INPUT),
+    (OutputError, RUNTIME_FAILURE),
+    (Diverged, RUNTIME_FAILURE),
+    (Preempted, PREEMPTED_EXIT),
+)
+
+
 def error_line(err: BaseException) -> str:
     """The one line to show the user, also when a DataLoader worker wrapped it in its traceback."""
     last = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
@@ -53,11 +72,7 @@ def report(err: BaseException) -> int:
 
 def exit_status(err: BaseException) -> int | None:
     """The exit status for an error the entry points report in one line; None for a bug (traceback)."""
-    if isinstance(err, ConfigError):
-        return BAD_INPUT
-    if isinstance(err, OutputError):
-        return RUNTIME_FAILURE
-    return None
+    return next((status for kind, status in EXIT_STATUS if isinstance(err, kind)), None)
 
 
 def write_failure(err: BaseException) -> str | None:

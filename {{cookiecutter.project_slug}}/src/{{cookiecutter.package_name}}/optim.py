@@ -8,11 +8,7 @@ import torch
 from torch import nn
 
 from .config import OptimConfig
-
-
-class Diverged(RuntimeError):
-    """The loss or gradient norm became NaN or infinite; nothing non-finite is ever checkpointed."""
-
+from .errors import Diverged
 
 REMEDIES = (
     "lower optim.lr, keep trainer.grad_clip on, check the input data, "

@@ -17,13 +17,9 @@ import torch
 import torch.distributed as dist
 
 from .distributed import joined
+from .errors import PREEMPTED_EXIT, Preempted  # noqa: F401 - the names of the stop protocol, used with it
 
-PREEMPTED_EXIT = 75  # EX_TEMPFAIL in sysexits.h: a temporary failure, run the same command again
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
-class Preempted(Exception):
-    """Training stopped on request after writing a checkpoint; run the same command to resume."""
 
 
 class StopRequest:

@@ -12,8 +12,9 @@ checkpoint in run.output_dir, bit-exact. SIGTERM or SIGUSR1 stops after the curr
 step with a checkpoint and exit status 75 (see preemption.py). `python -m PACKAGE.train --help`
 lists every key.
 
-Exit status: 0 done, 1 failed (diverged, out of memory, a peer hung or died), 2 bad configuration,
-data or checkpoint, 75 stopped by a signal after writing a checkpoint (run the same command again).
+Exit status (errors.py): 0 done, 1 failed (diverged, out of memory, a peer hung or died, an output
+could not be written), 2 bad configuration, data or checkpoint, 75 stopped by a signal after
+writing a checkpoint (run the same command again).
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ from . import distributed
 from .checkpoint import remove_stale_temporaries, resume_state
 from .config import Config, ConfigError, load_config, parse_args, to_dict
 from .data import DeviceImages, build_datasets, build_train_loader, build_val_loader, shut_down_workers
-from .errors import OutputError, error_line, exit_status
+from .errors import PREEMPTED_EXIT, RUNTIME_FAILURE, Preempted, exit_status, report
 from .metrics import MetricsLogger, PerfMeter
 from .model import build_model, classification_loss, train_mode
-from .optim import Diverged, build_optimizer, check_finite, warmup_cosine
-from .preemption import PREEMPTED_EXIT, Preempted, StopRequest
+from .optim import build_optimizer, check_finite, warmup_cosine
+from .preemption import StopRequest
 from .rundir import claim_output_dir, save_best, start_in_output_dir
 from .state import TrainState
 from .step import StepResult, train_step
@@ -248,29 +249,25 @@ def _main(argv: list[str]) -> int:
         files, overrides = parse_args(argv, f"{__package__}.train")
         cfg = load_config(files, overrides)
         result = train(cfg)
-    except (ConfigError, OutputError) as err:
-        print(f"error: {error_line(err)}", file=sys.stderr)
-        return exit_status(err)
+    except torch.OutOfMemoryError:
+        print(f"error: {out_of_memory_advice(cfg.data.batch_size, cfg.trainer.grad_accum_steps)}", file=sys.stderr)
+        return RUNTIME_FAILURE
     except Preempted as err:
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"{err}; run the same command to resume (exit status {PREEMPTED_EXIT})", file=sys.stderr)
         return PREEMPTED_EXIT
-    except Diverged as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except torch.OutOfMemoryError:
-        print(f"error: {out_of_memory_advice(cfg.data.batch_size, cfg.trainer.grad_accum_steps)}", file=sys.stderr)
-        return 1
-    except RuntimeError as err:
+    except Exception as err:
+        if exit_status(err) is not None:  # errors.EXIT_STATUS: bad input 2, a failed write or divergence 1
+            return report(err)
         if not distributed.is_peer_failure(err):
-            raise
+            raise  # a bug: its traceback is what helps
         reason = str(err).strip().splitlines()[0][:300]
         print(
             f"error: a collective failed or waited longer than distributed.timeout_s: another process hung or died "
             f"(its log says why); this process stops ({reason})",
             file=sys.stderr,
         )
-        return 1
+        return RUNTIME_FAILURE
     if int(os.environ.get("RANK", "0")) == 0:
         print(
             f"final val/acc={result['val/acc']:.4f} val/loss={result['val/loss']:.4f} "
