@@ -278,8 +278,9 @@ def run_generated(
         runpy.run_module(f"{package}.train", run_name="__main__", alter_sys=True)
     train = importlib.import_module(f"{package}.train")
     image_size, batch, augment, workers = SHAPES[model_name]
-    if model_name == "mlp":
-        train.build_model = lambda cfg, num_classes: build_mlp(image_size, num_classes)
+    if model_name == "mlp":  # the task builds its model through this module-level name
+        task = importlib.import_module(f"{package}.task")
+        task.build_model = lambda cfg, num_classes: build_mlp(image_size, num_classes)
     overrides = [
         f"run.output_dir={output_dir}",
         "run.device=cpu",

@@ -48,6 +48,7 @@ EXPECTED_FILES = frozenset(
         "src/PKG/evaluate.py",
         "src/PKG/state.py",
         "src/PKG/step.py",
+        "src/PKG/task.py",
         "src/PKG/restore.py",
         "src/PKG/validation.py",
         "src/PKG/export.py",

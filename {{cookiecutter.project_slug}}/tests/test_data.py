@@ -289,19 +289,21 @@ def test_a_failed_run_leaves_no_worker_processes(tiny, monkeypatch):
     (they ignore SIGTERM, so multiprocessing's exit handler would otherwise wait for them forever)."""
     import multiprocessing
 
+    from {{ cookiecutter.package_name }} import task as task_module
     from {{ cookiecutter.package_name }} import train as train_module
+    from {{ cookiecutter.package_name }}.errors import Diverged
 
     kept = []
 
     def fail_at_step_2(logits, targets):
         if len(kept) == 1:
-            error = train_module.Diverged("injected at step 2")
+            error = Diverged("injected at step 2")
             kept.append(error)  # like pytest's sys.last_traceback: the frames holding the loaders live on
             raise error
         kept.append(None)
         return torch.nn.functional.cross_entropy(logits, targets)
 
-    monkeypatch.setattr(train_module, "classification_loss", fail_at_step_2)
+    monkeypatch.setattr(task_module, "classification_loss", fail_at_step_2)
     assert train_module.main([*tiny, "data.num_workers=2"]) == 1
     assert kept[-1].__traceback__ is not None
     assert multiprocessing.active_children() == []

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }} import train as train_module
+from {{ cookiecutter.package_name }} import task as task_module
 from {{ cookiecutter.package_name }}.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -304,14 +304,14 @@ def test_hung_or_dead_peer_ends_the_job_with_a_clear_error(fault, tiny, run_dir,
 def test_nan_gradient_stops_before_the_update_and_saves_nothing(tiny, run_dir, monkeypatch, capsys):
     """A NaN loss at step 3 (so NaN gradients): that update is skipped, the run stops with exit 1
     naming step 3 and the remedies, and nothing after the step-2 checkpoint is saved."""
-    real_loss, real_build, calls, built = train_module.classification_loss, train_module.build_model, [], []
+    real_loss, real_build, calls, built = task_module.classification_loss, task_module.build_model, [], []
 
     def nan_at_step_3(logits, targets):
         calls.append(1)
         return real_loss(logits, targets) * (float("nan") if len(calls) == 3 else 1.0)
 
-    monkeypatch.setattr(train_module, "classification_loss", nan_at_step_3)
-    monkeypatch.setattr(train_module, "build_model", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
+    monkeypatch.setattr(task_module, "classification_loss", nan_at_step_3)
+    monkeypatch.setattr(task_module, "build_model", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
     assert main([*tiny, "trainer.checkpoint_every=2", "trainer.log_every=3"]) == 1
     err = capsys.readouterr().err
     assert "gradient norm is not finite at step 3" in err and "lower optim.lr" in err
@@ -324,13 +324,13 @@ def test_nan_gradient_stops_before_the_update_and_saves_nothing(tiny, run_dir, m
 def test_the_first_non_finite_step_of_a_log_window_is_named(tiny, run_dir, monkeypatch, capsys):
     """NaN losses at steps 2 and 3 of a 4-step log window: both updates are skipped on the device,
     and the check at the log line (one host read per window) names step 2, the first of them."""
-    real_loss, calls = train_module.classification_loss, []
+    real_loss, calls = task_module.classification_loss, []
 
     def nan_at_steps_2_and_3(logits, targets):
         calls.append(1)
         return real_loss(logits, targets) * (float("nan") if len(calls) in (2, 3) else 1.0)
 
-    monkeypatch.setattr(train_module, "classification_loss", nan_at_steps_2_and_3)
+    monkeypatch.setattr(task_module, "classification_loss", nan_at_steps_2_and_3)
     assert main([*tiny, "trainer.log_every=4", "trainer.checkpoint_every=100"]) == 1
     err = capsys.readouterr().err
     assert "gradient norm is not finite at step 2 " in err, err[-2000:]
@@ -342,13 +342,13 @@ def test_fp16_overflow_steps_are_skipped_counted_and_not_fatal(tiny, run_dir, mo
     """fp16 on a GPU: a loss scaled up 1e6x at step 3 overflows the fp16 gradients, so the GradScaler
     skips that step; the run goes on, counts it in train/skipped_steps and exits 0."""
     on_gpu = [o for o in tiny if o != "run.device=cpu"] + ["trainer.precision=fp16", "trainer.log_every=1"]
-    real_loss, calls = train_module.classification_loss, []
+    real_loss, calls = task_module.classification_loss, []
 
     def overflow_at_step_3(logits, targets):
         calls.append(1)
         return real_loss(logits, targets) * (1e6 if len(calls) == 3 else 1.0)
 
-    monkeypatch.setattr(train_module, "classification_loss", overflow_at_step_3)
+    monkeypatch.setattr(task_module, "classification_loss", overflow_at_step_3)
     assert main(on_gpu) == 0
     skipped = {r["step"]: r["train/skipped_steps"] for r in read_metrics(run_dir) if "train/skipped_steps" in r}
     assert skipped[3] == skipped[2] + 1
@@ -357,8 +357,8 @@ def test_fp16_overflow_steps_are_skipped_counted_and_not_fatal(tiny, run_dir, mo
 
 def test_anomaly_detection_names_the_operation(tiny, monkeypatch, capsys):
     """trainer.detect_anomaly=true turns a NaN gradient into an error naming the backward operation."""
-    real_loss = train_module.classification_loss
-    monkeypatch.setattr(train_module, "classification_loss", lambda x, y: real_loss(x, y) + (x.sum() * 0).sqrt() * -1)
+    real_loss = task_module.classification_loss
+    monkeypatch.setattr(task_module, "classification_loss", lambda x, y: real_loss(x, y) + (x.sum() * 0).sqrt() * -1)
     assert main([*tiny, "trainer.detect_anomaly=true", "trainer.max_steps=1"]) == 1
     err = capsys.readouterr().err
     assert "Backward" in err and "nan" in err.lower()

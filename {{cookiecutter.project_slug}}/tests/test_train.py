@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }} import distributed
+from {{ cookiecutter.package_name }} import task as task_module
 from {{ cookiecutter.package_name }} import train as train_module
 from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint, list_checkpoints
 from {{ cookiecutter.package_name }}.config import load_config
@@ -100,7 +101,7 @@ def test_out_of_memory_ends_with_one_line_that_keeps_the_global_batch(tiny, monk
     def out_of_memory(*args):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
 
-    monkeypatch.setattr(train_module, "classification_loss", out_of_memory)
+    monkeypatch.setattr(task_module, "classification_loss", out_of_memory)
     assert main([*tiny, "trainer.grad_accum_steps=2"]) == 1
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err

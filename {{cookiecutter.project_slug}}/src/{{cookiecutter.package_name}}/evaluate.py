@@ -31,24 +31,23 @@ import torch
 from . import distributed
 from .checkpoint import atomic_write, writing
 from .config import Config
-from .data import DeviceImages, build_datasets, build_val_loader, shut_down_workers
+from .data import build_val_loader, shut_down_workers
 from .errors import exit_status, report
-from .model import build_model
 from .restore import load_model_weights, restore_trained, trained_step
-from .validation import evaluate_model
+from .task import Task
 
 
 def evaluate_checkpoint(cfg: Config, path: Path, state: dict) -> tuple[dict, bool]:
     """The validation metrics of a checkpoint (on every process), and whether this is the main process."""
     env = distributed.setup(cfg)
     try:
-        _, val_set, num_classes = build_datasets(cfg.data)
+        task = Task(cfg, env.device)
+        _, val_set = task.datasets()
         val_loader = build_val_loader(cfg.data, val_set, rank=env.rank, world_size=env.world_size)
         try:
-            inputs = DeviceImages(env.device, cfg.data.name, cfg.model.channels_last)
-            model = build_model(cfg.model, num_classes).to(env.device, memory_format=inputs.memory_format)
+            model = task.build_model(env.device)
             load_model_weights(model, state["model"], path)
-            return evaluate_model(model, val_loader, inputs, cfg.trainer.precision), env.is_main
+            return task.validate(model, val_loader), env.is_main
         finally:
             shut_down_workers(val_loader)
     finally:

@@ -28,20 +28,10 @@ import torch
 from torch import nn
 
 from .checkpoint import atomic_write, save_weights, writing
-from .config import Config, DataConfig
-from .data import build_datasets
+from .config import Config
 from .errors import exit_status, report
-from .model import build_model
 from .restore import load_model_weights, restore_trained
-
-
-def example_batch(data: DataConfig) -> torch.Tensor:
-    """A batch of the shape the model takes, made from the configuration rather than read from the data.
-
-    Two images: torch.export specialises a dimension of size 0 or 1 to that constant, so an example
-    batch of one would fix the batch size the program accepts.
-    """
-    return torch.zeros(2, 3, data.image_size, data.image_size)
+from .task import Task
 
 
 def export_program(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:
@@ -52,13 +42,14 @@ def export_program(model: nn.Module, example: torch.Tensor) -> torch.export.Expo
 
 def export_checkpoint(cfg: Config, path: Path, state: dict) -> Path:
     """Write model.safetensors and model.pt2 of a checkpoint under output_dir/export; return that folder."""
-    _, _, num_classes = build_datasets(cfg.data)
-    model = build_model(cfg.model, num_classes)
+    task = Task(cfg, torch.device("cpu"))
+    task.datasets()  # the model's shape follows the data (its number of classes)
+    model = task.build_model()
     load_model_weights(model, state["model"], path)
     out = Path(cfg.run.output_dir) / "export"
     with writing(out / "model.safetensors"):
         save_weights(model.state_dict(), out / "model.safetensors")
-    program = export_program(model, example_batch(cfg.data))
+    program = export_program(model, task.example_input())
     with writing(out / "model.pt2"):
         atomic_write(out / "model.pt2", lambda tmp: torch.export.save(program, str(tmp)))
     return out

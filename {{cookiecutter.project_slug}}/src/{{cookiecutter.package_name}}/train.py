@@ -35,16 +35,16 @@ from tqdm import tqdm
 from . import distributed
 from .checkpoint import remove_stale_temporaries, resume_state
 from .config import Config, ConfigError, load_config, parse_args, to_dict
-from .data import DeviceImages, build_datasets, build_train_loader, build_val_loader, shut_down_workers
+from .data import build_train_loader, build_val_loader, shut_down_workers
 from .errors import PREEMPTED_EXIT, RUNTIME_FAILURE, Preempted, exit_status, report
 from .metrics import MetricsLogger, PerfMeter
-from .model import build_model, classification_loss, train_mode
+from .model import train_mode
 from .optim import build_optimizer, check_finite, warmup_cosine
 from .preemption import StopRequest
 from .rundir import claim_output_dir, save_best, start_in_output_dir
 from .state import TrainState
 from .step import StepResult, train_step
-from .validation import evaluate_model
+from .task import Task
 
 log = logging.getLogger(__package__)
 
@@ -91,7 +91,8 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
         remove_stale_temporaries(checkpoints)  # after claim_output_dir: no other run is saving here
 
     # Data: each process gets its own slice; the global batch is batch_size x world_size x accum.
-    train_set, val_set, num_classes = build_datasets(cfg.data)
+    task = Task(cfg, env.device)
+    train_set, val_set = task.datasets()
     shard = dict(rank=env.rank, world_size=env.world_size, pin_memory=env.device.type == "cuda")
     train_loader = build_train_loader(cfg.data, train_set, seed=cfg.run.seed, **shard)
     val_loader = build_val_loader(cfg.data, val_set, **shard)
@@ -108,8 +109,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     )  # fmt: skip
 
     # Model on its device first, then the wrappers, then the optimizer over its parameters.
-    inputs = DeviceImages(env.device, cfg.data.name, cfg.model.channels_last)  # normalised on the device
-    model = build_model(cfg.model, num_classes).to(env.device, memory_format=inputs.memory_format)
+    model = task.build_model(env.device)
     seed_everything(cfg.run.seed + env.rank)  # per-rank streams (e.g. dropout); augmentation is seeded per sample
     model = distributed.wrap_model(model, cfg, env)
     if cfg.model.compile:
@@ -134,14 +134,8 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     distributed.on_main(start_in_output_dir, output_dir, cfg, progress.step, bool(found))
     logger = distributed.on_main(MetricsLogger, output_dir, cfg.tracker, to_dict(cfg)) or MetricsLogger.disabled()
 
-    def loss_fn(model: torch.nn.Module, batch) -> tuple[torch.Tensor, int]:
-        images, targets = batch
-        images = inputs(images)
-        targets = targets.to(env.device, non_blocking=True)  # the whole batch moves, not just inputs
-        return classification_loss(model(images), targets), len(targets)
-
     def validate() -> dict:
-        return evaluate_model(distributed.without_ddp(model), val_loader, inputs, tcfg.precision)
+        return task.validate(distributed.without_ddp(model), val_loader)
 
     val: dict = {}
     perf = PerfMeter(env.device, env.world_size)
@@ -160,7 +154,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
             )
             batches = iter(bar)
             for _ in range(left // accum):
-                result = train_step(state, itertools.islice(batches, accum), loss_fn, tcfg, global_micro)
+                result = train_step(state, itertools.islice(batches, accum), task.loss, tcfg, global_micro)
                 perf.samples, perf.steps = perf.samples + result.samples, perf.steps + 1
                 if progress.step % tcfg.log_every == 0:
                     train_loss = log_training(state, result, perf, logger, tcfg.precision)
@@ -185,16 +179,13 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
             with perf.excluded():  # validation and saving are not training time
                 val = validate()
                 check_finite("val/loss", val["val/loss"], progress.step, tcfg.precision)  # before anything is saved
-                if val["val/acc"] > progress.best_acc:
-                    progress.best_acc, progress.best_step = val["val/acc"], progress.step
+                if val[Task.MONITOR] > progress.best_acc:  # best_acc: the best value of Task.MONITOR so far
+                    progress.best_acc, progress.best_step = val[Task.MONITOR], progress.step
                     weights = distributed.full_model_state(model)
                     distributed.on_main(save_best, weights, output_dir, progress.step, val)
                 val["val/best_acc"] = progress.best_acc
                 distributed.on_main(logger.log, val, progress.step, progress.epoch)
-                log.info(
-                    "epoch %d step %d: val/loss %.4f val/acc %.4f (%d samples)",
-                    progress.epoch, progress.step, val["val/loss"], val["val/acc"], val["val/samples"],
-                )  # fmt: skip
+                log.info("epoch %d step %d: %s", progress.epoch, progress.step, task.summary(val))
                 state.save(checkpoints, cfg)
         if not val:  # resumed a finished run: report its metrics again
             val = validate()

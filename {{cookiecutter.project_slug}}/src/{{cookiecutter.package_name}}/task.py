@@ -1,0 +1,66 @@
+"""The task: what this project trains, image classification. The training core (train.py,
+state.py, step.py, evaluate.py, export.py) knows the task only through these names:
+
+    task = Task(cfg, device)
+    train_set, val_set = task.datasets()        # also learns what the model needs (num_classes)
+    model = task.build_model(device)            # on that device in the training memory format
+    loss, samples = task.loss(model, batch)     # one micro-batch: to the device, forward, loss
+    metrics = task.validate(model, loader)      # exact over every process; Task.MONITOR among them
+    text = task.summary(metrics)                # the log line after a validation
+    example = task.example_input()              # a batch of the model's input, for torch.export
+
+Another task (a language model, say) is another module with the same names; data.py, model.py and
+validation.py are this task's own building blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from .config import Config
+from .data import DeviceImages, build_datasets
+from .model import build_model, classification_loss
+from .validation import evaluate_model
+
+
+class Task:
+    """Image classification: uint8 images normalised on the device, cross-entropy, accuracy."""
+
+    NAME = "image-classification"
+    MONITOR = "val/acc"  # the validation metric that picks best.safetensors; higher is better
+
+    def __init__(self, cfg: Config, device: torch.device):
+        self.cfg, self.device = cfg, device
+        self.inputs = DeviceImages(device, cfg.data.name, cfg.model.channels_last)  # normalised on the device
+        self.num_classes: int | None = None
+
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        """The training and validation sets (uint8 images, integer labels)."""
+        train_set, val_set, self.num_classes = build_datasets(self.cfg.data)
+        return train_set, val_set
+
+    def build_model(self, device: torch.device | None = None) -> nn.Module:
+        """The classifier for the data's classes: on `device` in the training memory format, or as built."""
+        model = build_model(self.cfg.model, self.num_classes)
+        return model if device is None else model.to(device, memory_format=self.inputs.memory_format)
+
+    def loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, int]:
+        """Mean cross-entropy of one micro-batch and its number of samples."""
+        images, targets = batch
+        images = self.inputs(images)
+        targets = targets.to(self.device, non_blocking=True)  # the whole batch moves, not just inputs
+        return classification_loss(model(images), targets), len(targets)
+
+    def validate(self, model: nn.Module, loader: DataLoader) -> dict:
+        """val/loss, val/acc and val/samples over the whole validation set."""
+        return evaluate_model(model, loader, self.inputs, self.cfg.trainer.precision)
+
+    def summary(self, metrics: dict) -> str:
+        return f"val/loss {metrics['val/loss']:.4f} val/acc {metrics['val/acc']:.4f} ({metrics['val/samples']} samples)"
+
+    def example_input(self) -> torch.Tensor:
+        """Two images of the configured size: torch.export specialises a dimension of size 0 or 1 to
+        that constant, so an example batch of one would fix the batch size the program accepts."""
+        return torch.zeros(2, 3, self.cfg.data.image_size, self.cfg.data.image_size)
