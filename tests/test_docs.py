@@ -253,3 +253,19 @@ def test_resume_allow_list_in_the_docs_is_the_one_in_rundir_py():
     listed = re.search(r"<!-- resume-may-change:.*?-->(.*?)<!-- /resume-may-change -->", text, re.S)
     assert listed, "docs/fault-tolerance.md has no resume-may-change list"
     assert re.findall(r"`([^`]+)`", listed[1]) == list(allowed)
+
+
+def test_task_interface_in_the_docs_is_the_one_task_py_has():
+    """docs/tasks.md names exactly the public attributes and methods of the generated task.Task."""
+    tree = ast.parse((PACKAGE_SRC / "task.py").read_text(encoding="utf-8"))
+    task = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Task")
+    names = []
+    for node in task.body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+            names.append(node.name)
+        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            names.append(node.targets[0].id)
+    text = (DOCS / "tasks.md").read_text(encoding="utf-8")
+    listed = re.search(r"<!-- task-interface:.*?-->(.*?)<!-- /task-interface -->", text, re.S)
+    assert listed, "docs/tasks.md has no task-interface list"
+    assert re.findall(r"^- `(\w+)", listed[1], re.M) == names
