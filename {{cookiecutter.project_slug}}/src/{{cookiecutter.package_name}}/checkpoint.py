@@ -281,4 +281,5 @@ def set_aside_later_checkpoints(checkpoints: Path, start_step: int, resume: str)
     if resume == "auto":
         move_aside(later, "corrupt", "it does not load")
     else:
-        move_aside(later, "superseded", f"this run continues from step {start_step} instead")
+        why = f"this run continues from step {start_step} instead" if start_step else "this run starts afresh"
+        move_aside(later, "superseded", why)
