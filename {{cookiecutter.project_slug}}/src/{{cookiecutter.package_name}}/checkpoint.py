@@ -122,7 +122,7 @@ def unique_aside(path: Path, suffix: str) -> Path:
 
 
 def move_aside(paths: list[Path], suffix: str, why: str) -> None:
-    """Rename checkpoints to <name>.<suffix> so resume never picks them (nothing is deleted)."""
+    """Rename files to <name>.<suffix> (a unique name): resume never picks them, nothing is deleted."""
     for path in paths:
         target = unique_aside(path, suffix)
         log.warning("renamed %s to %s: %s", path.name, target.name, why)

@@ -26,7 +26,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .errors import ConfigError, error_line  # noqa: F401 - error_line: the entry points import it from here
+from .errors import ConfigError
 
 DEFAULT_TRACKER = "{{ cookiecutter.tracker }}"
 

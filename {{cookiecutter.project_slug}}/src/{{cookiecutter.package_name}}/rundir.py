@@ -20,7 +20,7 @@ import socket
 import time
 from pathlib import Path
 
-from .checkpoint import atomic_write, save_weights, set_aside_later_checkpoints, unique_aside, weights_metadata, writing
+from .checkpoint import atomic_write, move_aside, save_weights, set_aside_later_checkpoints, weights_metadata, writing
 from .config import Config, to_yaml
 from .errors import ConfigError, OutputError, RunDirectoryBusy, write_failure
 from .metrics import truncate_metrics
@@ -117,15 +117,10 @@ def check_resume_changes(
     return sorted(changes)
 
 
-def set_aside_run_files(output_dir: Path, names=RUN_FILES) -> list[Path]:
+def set_aside_run_files(output_dir: Path, names=RUN_FILES) -> None:
     """A fresh start: rename an earlier run's files *.superseded (kept, never overwritten or appended to)."""
-    moved = []
-    for name in names:
-        path = Path(output_dir) / name
-        if path.exists() or path.is_symlink():
-            moved.append(unique_aside(path, "superseded"))
-            log.warning("renamed %s to %s: it belongs to an earlier run in this directory", name, moved[-1].name)
-    return moved
+    found = [Path(output_dir) / name for name in names]
+    move_aside([p for p in found if p.exists() or p.is_symlink()], "superseded", "it belongs to an earlier run")
 
 
 def claim_output_dir(output_dir: Path) -> RunLock:

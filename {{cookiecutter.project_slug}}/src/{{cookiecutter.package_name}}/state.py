@@ -159,8 +159,9 @@ class TrainState:
             global_batch=global_batch,
             override_optim=cfg.trainer.override_optim,
         )
-        self.progress.load_state_dict(state["progress"])
-        check_resumable(self.progress, global_batch, path)
+        stored_progress = Progress()
+        stored_progress.load_state_dict(state["progress"])
+        check_resumable(stored_progress, global_batch, path)  # before anything is loaded
         self.load_state_dict(state, path, env.rank, env.world_size)
         if changed:
             log.info("resuming with changed %s", ", ".join(changed))
