@@ -39,6 +39,7 @@ def main() -> None:
     from torchvision.transforms import v2
 
     data = importlib.import_module(f"{args.package}.data")
+    loaders = importlib.import_module(f"{args.package}.loaders")
     config = importlib.import_module(f"{args.package}.config")
     batch = 64
     cfg = config.DataConfig(
@@ -55,10 +56,11 @@ def main() -> None:
 
         data.build_transforms = float_transforms
     train_set, _, _ = data.build_datasets(cfg)
+    train_set = data.SeededAugmentation(train_set, seed=0)  # the training set takes (epoch, index) keys
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a DataLoader worker
-    in_process = data.build_train_loader(replace(cfg, num_workers=0), train_set, seed=0)
+    in_process = loaders.build_train_loader(replace(cfg, num_workers=0), train_set, seed=0)
     in_process.sampler.set_position(0, 0)
     batches = iter(in_process)
     next(batches)  # first-call costs
@@ -67,7 +69,7 @@ def main() -> None:
     worker_ms = 1000 * (time.process_time() - started) / samples
     torch.set_num_threads(threads)
 
-    loader = data.build_train_loader(cfg, train_set, seed=0)
+    loader = loaders.build_train_loader(cfg, train_set, seed=0)
     inputs = data.DeviceImages(torch.device("cpu"), cfg.name)
     loader.sampler.set_position(0, 0)
     images_seen = 0
@@ -79,7 +81,7 @@ def main() -> None:
         elif index > 1:
             images_seen += len(targets)
     elapsed = time.perf_counter() - started
-    data.shut_down_workers(loader)
+    loaders.shut_down_workers(loader)
     result = {"worker_ms_per_sample": worker_ms, "images_per_s": images_seen / elapsed}
     print(json.dumps(result), flush=True)
 

@@ -57,6 +57,34 @@ def remove_kubernetes(root: Path = Path()) -> None:
     shutil.rmtree(root / "scripts" / "kubernetes")
 
 
+TASKS_DIR = "tasks"  # tasks/<task>/ holds a task's files, at the paths they take in the project
+# The image-classification files that a task overlay does not replace but that only serve images.
+IMAGE_ONLY_FILES = ("tests/test_export.py", "tests/test_evaluate.py", "tests/test_metrics.py")
+
+
+def use_task(task: str, root: Path = Path()) -> None:
+    """Put the chosen task's files in place and delete the other tasks'.
+
+    The project as shipped is the image-classification project. Any other task's folder
+    tasks/<task>/ mirrors the project's layout: its files replace those at the same paths, and
+    the image-only files it has no counterpart for are deleted.
+    """
+    tasks = root / TASKS_DIR
+    choices = sorted(["image-classification", *(path.name for path in tasks.iterdir())])
+    if task not in choices:
+        raise ValueError(f"task {task!r} is not one of {choices}.")
+    if task != "image-classification":
+        overlay = tasks / task
+        for name in IMAGE_ONLY_FILES:
+            if not (overlay / name).exists():
+                (root / name).unlink()
+        for source in sorted(path for path in overlay.rglob("*") if path.is_file()):
+            target = root / source.relative_to(overlay)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source.replace(target)
+    shutil.rmtree(tasks)
+
+
 def remove_empty_scripts_dir(root: Path = Path()) -> None:
     """Delete scripts/ when no cluster file is left in it."""
     scripts = root / "scripts"
@@ -76,6 +104,7 @@ def main() -> int:
     answers = json.loads(CONTEXT)
     try:
         install_license(answers["license"])
+        use_task(answers["task"])
     except ValueError as error:
         print(f"ERROR: {error}", file=sys.stderr)
         return 1

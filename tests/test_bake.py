@@ -15,9 +15,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-# The exact files of a default bake (MIT, include_ci=yes, include_docker=no). PKG stands for the
-# package name. include_ci=no drops .github/workflows/ci.yml; include_docker=yes adds the
-# Dockerfile and .dockerignore; no bake keeps a licenses/ directory.
+# The exact files of a default bake (MIT, include_ci=yes, include_docker=no) besides its task's
+# TASK_FILES. PKG stands for the package name. include_ci=no drops .github/workflows/ci.yml;
+# include_docker=yes adds the Dockerfile and .dockerignore; no bake keeps a licenses/ directory.
 EXPECTED_FILES = frozenset(
     {
         ".cookiecutter.yaml",
@@ -53,23 +53,28 @@ EXPECTED_FILES = frozenset(
         "src/PKG/validation.py",
         "src/PKG/export.py",
         "src/PKG/preemption.py",
+        "src/PKG/loaders.py",
+        "src/PKG/task_config.py",
+        "tests/tiny.py",
         "tests/conftest.py",
         "tests/test_config.py",
         "tests/test_data.py",
         "tests/test_model.py",
-        "tests/test_metrics.py",
         "tests/test_checkpoint.py",
         "tests/test_train.py",
-        "tests/test_export.py",
         "tests/test_faults.py",
         "tests/test_plot.py",
         "tests/test_trackers.py",
         "tests/test_resume.py",
         "tests/test_errors.py",
-        "tests/test_evaluate.py",
         "tests/test_state.py",
     }
 )
+# Each task's own files beyond those (its task.py, data.py, model.py, ... are at the shared paths).
+TASK_FILES = {
+    "image-classification": {"tests/test_metrics.py", "tests/test_export.py", "tests/test_evaluate.py"},
+    "language-model": {"src/PKG/tokenizer.py", "src/PKG/prepare.py", "src/PKG/generate.py"},
+}
 CI_FILES = frozenset({".github/workflows/ci.yml"})
 DOCKER_FILES = frozenset({"Dockerfile", ".dockerignore"})
 
@@ -107,7 +112,8 @@ def expected_files(package: str, context: dict[str, str]) -> set[str]:
     files = EXPECTED_FILES if context["include_ci"] == "yes" else EXPECTED_FILES - CI_FILES
     if context["include_docker"] == "yes":
         files = files | DOCKER_FILES
-    return {path.replace("PKG", package) for path in files | CLUSTER_FILES[context["cluster"]]}
+    files = files | TASK_FILES[context["task"]] | CLUSTER_FILES[context["cluster"]]
+    return {path.replace("PKG", package) for path in files}
 
 
 def _combinations() -> list[dict[str, str]]:

@@ -1,4 +1,4 @@
-"""Shared settings: a seconds-long CPU configuration and the gpu marker."""
+"""Shared settings: a seconds-long CPU configuration (the task's, in tiny.py) and the gpu marker."""
 
 import os
 import subprocess
@@ -8,20 +8,7 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint
-
-# 16x16 synthetic images, 6 steps per epoch, 101 validation samples (an uneven last batch).
-TINY = [
-    "run.device=cpu",
-    "data.image_size=16",
-    "data.train_size=192",
-    "data.val_size=101",
-    "data.batch_size=32",
-    "data.num_workers=0",
-    "trainer.max_epochs=1",
-    "trainer.log_every=2",
-    "optim.warmup_steps=2",
-    "tracker.name=none",
-]
+from tiny import TINY
 
 
 def pytest_collection_modifyitems(config, items):

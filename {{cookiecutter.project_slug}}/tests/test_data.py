@@ -7,16 +7,9 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from {{ cookiecutter.package_name }}.config import ConfigError, DataConfig, load_config
-from {{ cookiecutter.package_name }}.data import (
-    MEAN_STD,
-    DeviceImages,
-    ResumableSampler,
-    SyntheticImages,
-    build_datasets,
-    build_train_loader,
-    build_val_loader,
-)
+from {{ cookiecutter.package_name }}.data import MEAN_STD, DeviceImages, SeededAugmentation, SyntheticImages, build_datasets
 from {{ cookiecutter.package_name }}.errors import DataError
+from {{ cookiecutter.package_name }}.loaders import ResumableSampler, build_train_loader, build_val_loader
 
 from conftest import torchrun
 
@@ -62,7 +55,8 @@ def test_validation_shards_cover_every_sample_once():
 def test_loaders_hand_over_uint8_that_the_device_step_normalises_like_torchvision():
     """Workers pass uint8 images; DeviceImages gives what per-sample ToDtype + Normalize gave."""
     train_set, val_set, _ = build_datasets(small(num_workers=2))
-    for loader in (build_train_loader(small(num_workers=2), train_set, seed=0), build_val_loader(small(), val_set)):
+    train_loader = build_train_loader(small(num_workers=2), SeededAugmentation(train_set, seed=0), seed=0)
+    for loader in (train_loader, build_val_loader(small(), val_set)):
         images, _ = next(iter(loader))
         assert images.dtype == torch.uint8 and images.shape == (16, 3, 16, 16)
     for name, (mean, std) in MEAN_STD.items():
@@ -92,7 +86,7 @@ def test_training_order_depends_on_seed_and_epoch_only():
     def first_batch(epoch: int, seed: int = 0):
         torch.manual_seed(0)
         train_set, _, _ = build_datasets(small())
-        loader = build_train_loader(small(), train_set, seed=seed)
+        loader = build_train_loader(small(), SeededAugmentation(train_set, seed), seed=seed)
         loader.sampler.set_position(epoch, 0)
         return next(iter(loader))
 

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from {{ cookiecutter.package_name }} import checkpoint
 from {{ cookiecutter.package_name }}.config import TrackerConfig
@@ -51,15 +50,6 @@ def test_bad_values_exit_2_with_one_line(override, named, tiny, capsys):
     """A YAML syntax error in an override, absurd sizes and an empty output directory are refused by name."""
     assert main([*tiny, override]) == 2
     assert named in one_line_error(capsys)
-
-
-@pytest.mark.parametrize("content", [[1, 2, 3], {"conv1.weight": "not a tensor"}, "text"])
-def test_pretrained_file_that_is_not_a_dict_of_tensors_exits_2(content, tiny, tmp_path, capsys):
-    """model.pretrained pointing at a torch file of something else than a state_dict is named, exit 2."""
-    path = tmp_path / "weights.pt"
-    torch.save(content, path)
-    assert main([*tiny, f"model.pretrained={path}"]) == 2
-    assert "not a state_dict of tensors" in one_line_error(capsys)
 
 
 def test_unwritable_best_model_exits_1_with_one_line(tiny, run_dir, monkeypatch, capsys):

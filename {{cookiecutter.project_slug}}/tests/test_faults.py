@@ -30,7 +30,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }} import task as task_module
 from {{ cookiecutter.package_name }}.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -42,10 +41,12 @@ from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.metrics import read_metrics
 from {{ cookiecutter.package_name }}.preemption import PREEMPTED_EXIT
+from {{ cookiecutter.package_name }}.task import Task
 from {{ cookiecutter.package_name }}.train import main
+from tiny import RANDOM_DATA, VAL_KEYS
 
 # Augmentation on, log windows that straddle checkpoints (log_every=3, checkpoint_every=2).
-RESUMABLE = ["data.augment=true", "trainer.checkpoint_every=2", "trainer.log_every=3", "trainer.keep_last=2"]
+RESUMABLE = [*RANDOM_DATA, "trainer.checkpoint_every=2", "trainer.log_every=3", "trainer.keep_last=2"]
 ONE_PROCESS = [*RESUMABLE, "data.num_workers=2", "trainer.max_epochs=4"]  # 6 steps per epoch
 TWO_PROCESSES = [*RESUMABLE, "trainer.max_epochs=8"]  # 3 steps per epoch: 192 samples / (2 x 32)
 
@@ -155,7 +156,7 @@ def newest(run_dir: Path) -> dict:
 
 def logged(run_dir: Path) -> list[tuple]:
     """Every training and validation line of metrics.jsonl, without the timing-dependent ones."""
-    keys = ("step", "epoch", "train/loss", "train/lr", "train/grad_norm", "val/loss", "val/acc", "val/samples")
+    keys = ("step", "epoch", "train/loss", "train/lr", "train/grad_norm", *VAL_KEYS)
     return [tuple(record.get(k) for k in keys) for record in read_metrics(run_dir)]
 
 
@@ -304,14 +305,15 @@ def test_hung_or_dead_peer_ends_the_job_with_a_clear_error(fault, tiny, run_dir,
 def test_nan_gradient_stops_before_the_update_and_saves_nothing(tiny, run_dir, monkeypatch, capsys):
     """A NaN loss at step 3 (so NaN gradients): that update is skipped, the run stops with exit 1
     naming step 3 and the remedies, and nothing after the step-2 checkpoint is saved."""
-    real_loss, real_build, calls, built = task_module.classification_loss, task_module.build_model, [], []
+    real_loss, real_build, calls, built = Task.loss, Task.build_model, [], []
 
-    def nan_at_step_3(logits, targets):
+    def nan_at_step_3(self, model, batch):
         calls.append(1)
-        return real_loss(logits, targets) * (float("nan") if len(calls) == 3 else 1.0)
+        loss, samples = real_loss(self, model, batch)
+        return loss * (float("nan") if len(calls) == 3 else 1.0), samples
 
-    monkeypatch.setattr(task_module, "classification_loss", nan_at_step_3)
-    monkeypatch.setattr(task_module, "build_model", lambda *a, **k: built.append(real_build(*a, **k)) or built[-1])
+    monkeypatch.setattr(Task, "loss", nan_at_step_3)
+    monkeypatch.setattr(Task, "build_model", lambda self, *a: built.append(real_build(self, *a)) or built[-1])
     assert main([*tiny, "trainer.checkpoint_every=2", "trainer.log_every=3"]) == 1
     err = capsys.readouterr().err
     assert "gradient norm is not finite at step 3" in err and "lower optim.lr" in err
@@ -324,13 +326,14 @@ def test_nan_gradient_stops_before_the_update_and_saves_nothing(tiny, run_dir, m
 def test_the_first_non_finite_step_of_a_log_window_is_named(tiny, run_dir, monkeypatch, capsys):
     """NaN losses at steps 2 and 3 of a 4-step log window: both updates are skipped on the device,
     and the check at the log line (one host read per window) names step 2, the first of them."""
-    real_loss, calls = task_module.classification_loss, []
+    real_loss, calls = Task.loss, []
 
-    def nan_at_steps_2_and_3(logits, targets):
+    def nan_at_steps_2_and_3(self, model, batch):
         calls.append(1)
-        return real_loss(logits, targets) * (float("nan") if len(calls) in (2, 3) else 1.0)
+        loss, samples = real_loss(self, model, batch)
+        return loss * (float("nan") if len(calls) in (2, 3) else 1.0), samples
 
-    monkeypatch.setattr(task_module, "classification_loss", nan_at_steps_2_and_3)
+    monkeypatch.setattr(Task, "loss", nan_at_steps_2_and_3)
     assert main([*tiny, "trainer.log_every=4", "trainer.checkpoint_every=100"]) == 1
     err = capsys.readouterr().err
     assert "gradient norm is not finite at step 2 " in err, err[-2000:]
@@ -342,13 +345,14 @@ def test_fp16_overflow_steps_are_skipped_counted_and_not_fatal(tiny, run_dir, mo
     """fp16 on a GPU: a loss scaled up 1e6x at step 3 overflows the fp16 gradients, so the GradScaler
     skips that step; the run goes on, counts it in train/skipped_steps and exits 0."""
     on_gpu = [o for o in tiny if o != "run.device=cpu"] + ["trainer.precision=fp16", "trainer.log_every=1"]
-    real_loss, calls = task_module.classification_loss, []
+    real_loss, calls = Task.loss, []
 
-    def overflow_at_step_3(logits, targets):
+    def overflow_at_step_3(self, model, batch):
         calls.append(1)
-        return real_loss(logits, targets) * (1e6 if len(calls) == 3 else 1.0)
+        loss, samples = real_loss(self, model, batch)
+        return loss * (1e6 if len(calls) == 3 else 1.0), samples
 
-    monkeypatch.setattr(task_module, "classification_loss", overflow_at_step_3)
+    monkeypatch.setattr(Task, "loss", overflow_at_step_3)
     assert main(on_gpu) == 0
     skipped = {r["step"]: r["train/skipped_steps"] for r in read_metrics(run_dir) if "train/skipped_steps" in r}
     assert skipped[3] == skipped[2] + 1
@@ -357,8 +361,13 @@ def test_fp16_overflow_steps_are_skipped_counted_and_not_fatal(tiny, run_dir, mo
 
 def test_anomaly_detection_names_the_operation(tiny, monkeypatch, capsys):
     """trainer.detect_anomaly=true turns a NaN gradient into an error naming the backward operation."""
-    real_loss = task_module.classification_loss
-    monkeypatch.setattr(task_module, "classification_loss", lambda x, y: real_loss(x, y) + (x.sum() * 0).sqrt() * -1)
+    real_loss = Task.loss
+
+    def sqrt_of_zero(self, model, batch):  # d sqrt(x) / dx is inf at 0, and inf x 0 is NaN
+        loss, samples = real_loss(self, model, batch)
+        return loss + (loss * 0).sqrt() * -1, samples
+
+    monkeypatch.setattr(Task, "loss", sqrt_of_zero)
     assert main([*tiny, "trainer.detect_anomaly=true", "trainer.max_steps=1"]) == 1
     err = capsys.readouterr().err
     assert "Backward" in err and "nan" in err.lower()

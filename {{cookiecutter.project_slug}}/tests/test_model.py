@@ -6,8 +6,10 @@ from safetensors.torch import save_file
 from torch import nn
 
 from {{ cookiecutter.package_name }}.config import ConfigError, ModelConfig, OptimConfig
-from {{ cookiecutter.package_name }}.model import build_model, classification_loss, classifier_head, train_mode
+from {{ cookiecutter.package_name }}.model import build_model, classification_loss, classifier_head
 from {{ cookiecutter.package_name }}.optim import build_optimizer
+from {{ cookiecutter.package_name }}.step import train_mode
+from {{ cookiecutter.package_name }}.train import main
 
 
 def test_default_model_suits_32x32_images():
@@ -71,3 +73,12 @@ def test_loss_refuses_one_hot_and_misshaped_targets():
         classification_loss(logits, targets[:, None])
     with pytest.raises(ValueError, match="class indices"):
         classification_loss(logits, nn.functional.one_hot(targets, 3).float())
+
+
+@pytest.mark.parametrize("content", [[1, 2, 3], {"conv1.weight": "not a tensor"}, "text"])
+def test_pretrained_file_that_is_not_a_dict_of_tensors_exits_2(content, tiny, tmp_path, capsys):
+    """model.pretrained pointing at a torch file of something else than a state_dict is named, exit 2."""
+    path = tmp_path / "weights.pt"
+    torch.save(content, path)
+    assert main([*tiny, f"model.pretrained={path}"]) == 2
+    assert "not a state_dict of tensors" in capsys.readouterr().err

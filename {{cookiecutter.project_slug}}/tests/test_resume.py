@@ -11,10 +11,13 @@ import sys
 import pytest
 
 from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint, list_checkpoints, weights_metadata
+from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.metrics import read_metrics
 from {{ cookiecutter.package_name }}.optim import warmup_cosine
 from {{ cookiecutter.package_name }}.rundir import LOCK_NAME, RunLock
+from {{ cookiecutter.package_name }}.task import Task
 from {{ cookiecutter.package_name }}.train import main
+from tiny import MODEL_CHANGE
 
 # 6 optimizer steps per epoch; a checkpoint every 2 steps, all of them kept.
 SAVING = ["trainer.checkpoint_every=2", "trainer.keep_last=10", "trainer.log_every=1"]
@@ -27,19 +30,22 @@ def one_line_error(capsys) -> str:
 
 
 def test_resuming_with_a_changed_learning_rate_exits_2_naming_key_values_and_remedies(tiny, run_dir, capsys):
-    """A resume with another optim.lr or model.norm stops before training: one line names each key with
+    """A resume with another optim.lr or model shape stops before training: one line names each key with
     its old and new value and says how to proceed; nothing in the run directory changes."""
+    default = load_config([], tiny)
     assert main([*tiny, *SAVING, "trainer.max_steps=2"]) == 0
     before = {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     capsys.readouterr()
 
     assert main([*tiny, *SAVING, "trainer.max_steps=4", "optim.lr=0.0001"]) == 2
     err = one_line_error(capsys)
-    assert "optim.lr 0.002 -> 0.0001" in err and "trainer.override_optim=true" in err and "run.output_dir" in err
+    assert f"optim.lr {default.optim.lr} -> 0.0001" in err and "trainer.override_optim=true" in err
+    assert "run.output_dir" in err
 
-    assert main([*tiny, *SAVING, "trainer.max_steps=4", "model.norm=group", "optim.weight_decay=0.1"]) == 2
+    override, named = MODEL_CHANGE
+    assert main([*tiny, *SAVING, "trainer.max_steps=4", override, "optim.weight_decay=0.3"]) == 2
     err = one_line_error(capsys)
-    assert "model.norm 'batch' -> 'group'" in err and "optim.weight_decay 0.05 -> 0.1" in err
+    assert named in err and f"optim.weight_decay {default.optim.weight_decay} -> 0.3" in err
     assert "override_optim" not in err  # it cannot make a different model resumable
     assert {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
@@ -75,13 +81,15 @@ def test_override_optim_applies_the_new_learning_rate_and_weight_decay(tiny, run
 
 
 def test_batch_size_may_change_when_the_global_batch_does_not(tiny, run_dir, capsys):
-    """32 per step may be resumed as 2 accumulated micro-batches of 16, not as 16 per step."""
+    """B per step may be resumed as 2 accumulated micro-batches of B/2, not as B/2 per step."""
+    batch = load_config([], tiny).data.batch_size
     assert main([*tiny, *SAVING, "trainer.max_steps=2"]) == 0
     capsys.readouterr()
-    assert main([*tiny, *SAVING, "trainer.max_steps=4", "data.batch_size=16"]) == 2
+    assert main([*tiny, *SAVING, "trainer.max_steps=4", f"data.batch_size={batch // 2}"]) == 2
     err = one_line_error(capsys)
-    assert "data.batch_size 32 -> 16" in err and "global batch 32 -> 16" in err
-    assert main([*tiny, *SAVING, "trainer.max_steps=4", "data.batch_size=16", "trainer.grad_accum_steps=2"]) == 0
+    assert f"data.batch_size {batch} -> {batch // 2}" in err and f"global batch {batch} -> {batch // 2}" in err
+    halves = [f"data.batch_size={batch // 2}", "trainer.grad_accum_steps=2"]
+    assert main([*tiny, *SAVING, "trainer.max_steps=4", *halves]) == 0
     assert latest_checkpoint(run_dir / "checkpoints")[1]["progress"]["step"] == 4
 
 
@@ -195,5 +203,5 @@ def test_best_model_header_records_its_step_and_metrics(tiny, run_dir):
     """best.safetensors carries the step and validation metrics that made it best."""
     assert main([*tiny]) == 0
     meta = weights_metadata(run_dir / "best.safetensors")
-    val = [r for r in read_metrics(run_dir) if "val/acc" in r][-1]
-    assert meta["step"] == str(val["step"]) and float(meta["val/acc"]) == val["val/acc"]
+    val = [r for r in read_metrics(run_dir) if Task.MONITOR in r][-1]
+    assert meta["step"] == str(val["step"]) and float(meta[Task.MONITOR]) == val[Task.MONITOR]

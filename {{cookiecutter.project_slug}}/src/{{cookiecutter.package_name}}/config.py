@@ -26,7 +26,9 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from . import task_config
 from .errors import ConfigError
+from .task_config import DataConfig, ModelConfig
 
 DEFAULT_TRACKER = "{{ cookiecutter.tracker }}"
 
@@ -43,48 +45,6 @@ class RunConfig:
     """auto (CUDA when available, else CPU), cpu or cuda."""
     cache_cpu_memory: bool = True
     """CPU on Linux: reuse freed memory in the next step, not return it to the system (faster; keeps the peak)."""
-
-
-@dataclass
-class DataConfig:
-    name: str = "synthetic"
-    """synthetic (learnable images made in memory, no download), cifar10 or imagefolder."""
-    root: str = "data"
-    """Dataset folder. cifar10 downloads here; imagefolder reads root/train/<class>/* and root/val/<class>/*."""
-    batch_size: int = 128
-    """Samples per process per micro-batch; the global batch is batch_size x world size x grad_accum_steps."""
-    num_workers: int = 2
-    """DataLoader worker processes per training process (0 loads in the main process)."""
-    augment: bool = True
-    """Random crop and horizontal flip on training images; validation images are never augmented."""
-    image_size: int = 32
-    """Side of the square images, in pixels (synthetic images are made at this size; cifar10 and imagefolder resize)."""
-    num_classes: int = 10
-    """Classes of the synthetic data set (cifar10 and imagefolder take theirs from the data)."""
-    train_size: int = 4000
-    """Training samples of the synthetic data set."""
-    val_size: int = 1000
-    """Validation samples of the synthetic data set."""
-    download: bool = True
-    """cifar10 only: download into data.root when it is not there yet."""
-
-
-@dataclass
-class ModelConfig:
-    name: str = "resnet18"
-    """A torchvision classification model: resnet18, resnet50, convnext_tiny, ... (ViTs need 224x224 images)."""
-    norm: str = "batch"
-    """ResNets only: batch (BatchNorm) or group (GroupNorm, independent of batch size)."""
-    small_input: bool = True
-    """ResNets only: 3x3 stride-1 stem that suits 32x32 images instead of the 7x7 stride-2 ImageNet stem."""
-    pretrained: str | None = None
-    """Local weights file (.safetensors or a .pt state_dict) to start from; the classifier head may differ."""
-    freeze_backbone: bool = False
-    """Train only the classifier head (needs model.pretrained); frozen BatchNorm stays in eval mode."""
-    compile: bool = False
-    """torch.compile the model (the first steps are slow while it compiles)."""
-    channels_last: bool = False
-    """channels_last memory format for model and inputs (faster convolutions on recent GPUs)."""
 
 
 @dataclass
@@ -123,6 +83,9 @@ class TrainerConfig:
     (e.g. a lower optim.lr after a divergence) instead of refusing the change."""
     log_every: int = 10
     """Optimizer steps between train/loss lines in metrics.jsonl."""
+    val_every: int | None = None
+    """Optimizer steps between validations; null: after every epoch only. One also runs at the end of
+    every epoch and of training."""
     detect_anomaly: bool = False
     """Autograd anomaly detection: a NaN names the operation that made it (slow; for debugging only)."""
 
@@ -168,21 +131,16 @@ class Config:
 
 CHOICES = {
     "run.device": ("auto", "cpu", "cuda"),
-    "data.name": ("synthetic", "cifar10", "imagefolder"),
-    "model.norm": ("batch", "group"),
     "trainer.precision": ("fp32", "bf16", "fp16"),
     "tracker.name": ("none", "wandb", "tensorboard"),
     "distributed.strategy": ("auto", "none", "ddp", "fsdp"),
     "distributed.backend": ("auto", "nccl", "gloo"),
+    **task_config.CHOICES,
 }
 MAX_WORKERS = 256  # DataLoader worker processes per training process
 MAX_TIMEOUT_S = 7 * 24 * 3600
 AT_LEAST_ONE = (
-    "data.batch_size",
-    "data.image_size",
-    "data.num_classes",
-    "data.train_size",
-    "data.val_size",
+    *task_config.AT_LEAST_ONE,
     "trainer.max_epochs",
     "trainer.grad_accum_steps",
     "trainer.checkpoint_every",
@@ -194,7 +152,7 @@ AT_LEAST_ONE = (
 
 def load_config(config_files: list[str | Path] = (), overrides: list[str] = (), base: dict | None = None) -> Config:
     """Merge defaults, base (a stored config), YAML files and key=value overrides into a validated Config."""
-    merged = OmegaConf.structured(Config)
+    merged = _defaults()
     try:
         if base:
             merged = OmegaConf.merge(merged, base)
@@ -214,6 +172,11 @@ def load_config(config_files: list[str | Path] = (), overrides: list[str] = (), 
         raise ConfigError(_explain(err)) from None
     validate(cfg)
     return cfg
+
+
+def _defaults():
+    """The dataclass defaults with the task's own defaults for the shared sections (task_config.DEFAULTS)."""
+    return OmegaConf.merge(OmegaConf.structured(Config), task_config.DEFAULTS)
 
 
 def _read_yaml(path: Path):
@@ -301,8 +264,9 @@ def validate(cfg: Config) -> None:
         )
     if not cfg.run.output_dir.strip():
         raise ConfigError("run.output_dir is empty; name a directory, e.g. run.output_dir=runs/exp1")
-    if cfg.trainer.max_steps is not None and cfg.trainer.max_steps < 1:
-        raise ConfigError("trainer.max_steps must be at least 1, or null for no limit")
+    for key in ("trainer.max_steps", "trainer.val_every"):
+        if _get(cfg, key) is not None and _get(cfg, key) < 1:
+            raise ConfigError(f"{key}={_get(cfg, key)} must be at least 1, or null")
     if cfg.optim.lr <= 0 or cfg.optim.weight_decay < 0 or cfg.optim.warmup_steps < 0:
         raise ConfigError("optim.lr must be > 0, optim.weight_decay and optim.warmup_steps >= 0")
     if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
@@ -322,19 +286,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError("distributed.sync_batchnorm=true needs CUDA (torch's SyncBatchNorm refuses CPU tensors)")
     if cfg.distributed.backend == "nccl" and not on_cuda:
         raise ConfigError("distributed.backend=nccl needs CUDA; use gloo or auto on CPU")
-    if cfg.model.norm == "group" and not cfg.model.name.startswith(("resnet", "resnext", "wide_resnet")):
-        raise ConfigError(f"model.norm=group works with ResNets only, not model.name={cfg.model.name}")
-    if cfg.model.freeze_backbone and not cfg.model.pretrained:
-        raise ConfigError("model.freeze_backbone=true needs model.pretrained (a frozen random backbone learns nothing)")
-    if cfg.model.pretrained and not Path(cfg.model.pretrained).is_file():
-        raise ConfigError(f"model.pretrained={cfg.model.pretrained!r}: no such file")
-    if cfg.data.name == "imagefolder":
-        for split in ("train", "val"):
-            if not (Path(cfg.data.root) / split).is_dir():
-                raise ConfigError(
-                    f"data.root={cfg.data.root!r} has no {split}/ folder; imagefolder expects "
-                    "root/train/<class>/<image> and root/val/<class>/<image>"
-                )
+    task_config.validate(cfg)
 
 
 def to_yaml(cfg: Config) -> str:
@@ -365,7 +317,7 @@ def help_text(program: str) -> str:
         "",
         "Keys (default) and meaning:",
     ]
-    defaults = Config()
+    defaults = OmegaConf.to_object(_defaults())
     for section in dataclasses.fields(Config):
         docs = field_docs(section.default_factory)
         for leaf in dataclasses.fields(section.default_factory):

@@ -198,7 +198,8 @@ def wrap_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
 
 
 def shard_model(model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
-    """FSDP2: shard every block of every nn.Sequential stage, then the root module."""
+    """FSDP2: shard every block of every nn.Sequential or nn.ModuleList stage (ResNet stages,
+    transformer blocks), then the root module."""
     mesh = init_device_mesh(env.device.type, (env.world_size,))
     _meshes.append(mesh)
     policy = (
@@ -214,7 +215,7 @@ def shard_model(model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
             fully_shard(norm, mesh=mesh, mp_policy=fp32)
     sharded: list[str] = []
     for name, stage in model.named_modules():
-        if not isinstance(stage, nn.Sequential) or any(name.startswith(f"{done}.") for done in sharded):
+        if not isinstance(stage, nn.Sequential | nn.ModuleList) or any(name.startswith(f"{done}.") for done in sharded):
             continue  # not a stage, or inside a block already sharded (e.g. a ResNet downsample)
         for child, block in stage.named_children():
             if any(True for _ in block.parameters()):

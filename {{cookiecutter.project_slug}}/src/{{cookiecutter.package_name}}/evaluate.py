@@ -31,8 +31,8 @@ import torch
 from . import distributed
 from .checkpoint import atomic_write, writing
 from .config import Config
-from .data import build_val_loader, shut_down_workers
 from .errors import exit_status, report
+from .loaders import build_val_loader, shut_down_workers
 from .restore import load_model_weights, restore_trained, trained_step
 from .task import Task
 

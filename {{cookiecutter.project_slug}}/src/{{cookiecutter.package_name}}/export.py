@@ -34,10 +34,9 @@ from .restore import load_model_weights, restore_trained
 from .task import Task
 
 
-def export_program(model: nn.Module, example: torch.Tensor) -> torch.export.ExportedProgram:
-    """torch.export the model in eval mode with a dynamic batch dimension (1 to 4096 images)."""
-    batch = torch.export.Dim("batch", min=1, max=4096)
-    return torch.export.export(model.eval(), (example,), dynamic_shapes=({0: batch},))
+def export_program(model: nn.Module, args: tuple, dynamic_shapes: tuple) -> torch.export.ExportedProgram:
+    """torch.export the model in eval mode with the task's example input and dynamic dimensions."""
+    return torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes)
 
 
 def export_checkpoint(cfg: Config, path: Path, state: dict) -> Path:
@@ -49,7 +48,7 @@ def export_checkpoint(cfg: Config, path: Path, state: dict) -> Path:
     out = Path(cfg.run.output_dir) / "export"
     with writing(out / "model.safetensors"):
         save_weights(model.state_dict(), out / "model.safetensors")
-    program = export_program(model, task.example_input())
+    program = export_program(model, *task.export_example())
     with writing(out / "model.pt2"):
         atomic_write(out / "model.pt2", lambda tmp: torch.export.save(program, str(tmp)))
     return out

@@ -1,11 +1,9 @@
-"""The model: a torchvision classifier by name, the loss, what freezing means, and mixed precision.
+"""The model: a torchvision classifier by name, the loss, and what freezing means.
 
 Parallelism (DDP/FSDP) is applied in distributed.py, never here.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import torch
 import torchvision
@@ -76,19 +74,6 @@ def freeze_backbone(model: nn.Module) -> None:
         param.requires_grad_(True)
 
 
-def train_mode(model: nn.Module) -> None:
-    """model.train(), but normalisation layers whose parameters are frozen stay in eval mode.
-
-    A frozen BatchNorm in train mode would still update its running statistics.
-    """
-    model.train()
-    for module in model.modules():
-        if isinstance(module, nn.modules.batchnorm._NormBase):
-            params = list(module.parameters(recurse=False))
-            if params and not any(p.requires_grad for p in params):
-                module.eval()
-
-
 def classification_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over integer class targets; refuses shapes that would silently broadcast."""
     if targets.dtype != torch.long or targets.shape != logits.shape[:1]:
@@ -97,13 +82,3 @@ def classification_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Te
             f"got shape {tuple(targets.shape)} and dtype {targets.dtype}"
         )
     return F.cross_entropy(logits.float(), targets)
-
-
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast(device: torch.device, precision: str):
-    """torch.autocast for bf16/fp16; a no-op context for fp32."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision])

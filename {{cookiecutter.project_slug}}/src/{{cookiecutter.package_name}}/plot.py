@@ -1,4 +1,4 @@
-"""Draw a run's metrics.jsonl as one PNG: loss, accuracy, learning rate and throughput by step.
+"""Draw a run's metrics.jsonl as one PNG: loss, a validation metric, learning rate and throughput by step.
 
     python -m PACKAGE.plot runs/demo                       # writes runs/demo/metrics.png
     python -m PACKAGE.plot runs/a runs/b --out ab.png      # several runs on the same axes
@@ -14,11 +14,16 @@ import sys
 from pathlib import Path
 
 # (title, y label, [(metrics.jsonl key, line label)])
+# A panel draws those of its keys that the runs logged (accuracy for images, bits per byte for text).
 PANELS = (
     ("Loss", "cross-entropy", [("train/loss", "train"), ("val/loss", "val")]),
-    ("Accuracy", "top-1", [("val/acc", "val")]),
+    ("Validation", "top-1 accuracy / bits per byte", [("val/acc", "val acc"), ("val/bpb", "val bits/byte")]),
     ("Learning rate", "lr", [("train/lr", "lr")]),
-    ("Throughput", "samples/s (all processes)", [("perf/samples_per_s", "samples/s")]),
+    (
+        "Throughput",
+        "per second (all processes)",
+        [("perf/samples_per_s", "samples/s"), ("perf/tokens_per_s", "tokens/s")],
+    ),
 )
 
 

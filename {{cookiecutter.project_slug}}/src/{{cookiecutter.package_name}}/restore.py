@@ -17,17 +17,7 @@ from torch import nn
 from .checkpoint import latest_checkpoint, load_checkpoint, strip_prefixes
 from .config import Config, load_config, parse_args
 from .errors import CheckpointError, ConfigError
-
-# What a checkpoint's stored config may set: what rebuilds the model and the data it was trained on.
-# Nothing that names a place (run.output_dir, data.root, trainer.resume, model.pretrained) or says
-# how to run (batch size, workers, device) comes from a file that may have been written elsewhere.
-FROM_CHECKPOINT = {
-    "model": ("name", "norm", "small_input", "channels_last"),
-    "data": ("name", "image_size", "num_classes", "train_size", "val_size"),
-    "trainer": ("precision",),
-}
-# Training-only settings of a --config file (a pretrained file, a resume path) may be gone here.
-INFERENCE_ONLY = ["trainer.resume=never", "model.pretrained=null", "model.freeze_backbone=false"]
+from .task_config import FROM_CHECKPOINT, INFERENCE_ONLY
 
 
 def restore_trained(argv: list[str], program: str) -> tuple[Config, Path, dict]:
@@ -91,7 +81,7 @@ def _plain(value, key: str, path: Path):
     """
     if isinstance(value, str) and "${" in value:
         raise CheckpointError(f"{path}: stored {key}={value!r} is an interpolation, which is never resolved")
-    if not isinstance(value, str | int | float | bool):
+    if value is not None and not isinstance(value, str | int | float | bool):
         raise CheckpointError(f"{path}: stored {key}={value!r} is not a number, flag or string")
     return value
 

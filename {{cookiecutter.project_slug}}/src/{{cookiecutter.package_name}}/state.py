@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 
 # The layout of the dict state_dict() returns. Checkpoints without the key predate it and have
 # layout 1; a newer layout than this code knows is refused rather than half-read.
-FORMAT_VERSION = 1
+# 2: progress.best (the best value of task.Task.MONITOR) replaced progress.best_acc.
+FORMAT_VERSION = 2
 
 
 @dataclass
@@ -37,7 +38,7 @@ class Progress:
     step: int = 0  # optimizer steps taken
     epoch: int = 0  # epochs completed
     samples_done: int = 0  # samples all processes together consumed in the current epoch
-    best_acc: float = -1.0
+    best: float | None = None  # the best value of task.Task.MONITOR so far; None before the first validation
     best_step: int = -1
     skipped_steps: int = 0  # fp16 steps the gradient scaler skipped (inf/NaN gradients)
 
@@ -45,8 +46,16 @@ class Progress:
         return asdict(self)
 
     def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        if "best_acc" in state:  # format 1 named it after the image task's metric, -1 for none yet
+            best_acc = state.pop("best_acc")
+            state["best"] = best_acc if best_acc >= 0 else None
         for key, value in state.items():
             setattr(self, key, value)
+
+    def improves(self, value: float, mode: str) -> bool:
+        """Whether a validation value beats the best so far (mode max: higher is better, min: lower)."""
+        return self.best is None or (value > self.best if mode == "max" else value < self.best)
 
 
 @dataclass

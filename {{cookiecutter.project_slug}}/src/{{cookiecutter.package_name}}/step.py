@@ -12,6 +12,7 @@ with its own.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -20,9 +21,31 @@ from torch import nn
 
 from . import distributed
 from .config import TrainerConfig
-from .model import autocast
 from .optim import Diverged, gradient_norm, step_if_finite
 from .state import TrainState
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(device: torch.device, precision: str):
+    """torch.autocast for bf16/fp16; a no-op context for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision])
+
+
+def train_mode(model: nn.Module) -> None:
+    """model.train(), but normalisation layers whose parameters are frozen stay in eval mode.
+
+    A frozen BatchNorm in train mode would still update its running statistics.
+    """
+    model.train()
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._NormBase):
+            params = list(module.parameters(recurse=False))
+            if params and not any(p.requires_grad for p in params):
+                module.eval()
+
 
 LossFn = Callable[[nn.Module, object], tuple[torch.Tensor, int]]
 

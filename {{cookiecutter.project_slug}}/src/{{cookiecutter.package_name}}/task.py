@@ -7,9 +7,12 @@ state.py, step.py, evaluate.py, export.py) knows the task only through these nam
     loss, samples = task.loss(model, batch)     # one micro-batch: to the device, forward, loss
     metrics = task.validate(model, loader)      # exact over every process; Task.MONITOR among them
     text = task.summary(metrics)                # the log line after a validation
-    example = task.example_input()              # a batch of the model's input, for torch.export
+    extra = task.throughput(samples_per_s)      # more perf/ figures for a training log line
+    args, shapes = task.export_example()        # the model's input and its dynamic dimensions
 
-Another task (a language model, say) is another module with the same names; data.py, model.py and
+The training set takes the (epoch, index) keys of loaders.ResumableSampler, so its random draws
+(augmentation here) are the same for any number of processes and after a resume. Another task (a
+language model, say) is another module with the same names; task_config.py, data.py, model.py and
 validation.py are this task's own building blocks.
 """
 
@@ -20,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from .config import Config
-from .data import DeviceImages, build_datasets
+from .data import DeviceImages, SeededAugmentation, build_datasets
 from .model import build_model, classification_loss
 from .validation import evaluate_model
 
@@ -29,7 +32,8 @@ class Task:
     """Image classification: uint8 images normalised on the device, cross-entropy, accuracy."""
 
     NAME = "image-classification"
-    MONITOR = "val/acc"  # the validation metric that picks best.safetensors; higher is better
+    MONITOR = "val/acc"  # the validation metric that picks best.safetensors
+    MONITOR_MODE = "max"  # higher is better
 
     def __init__(self, cfg: Config, device: torch.device):
         self.cfg, self.device = cfg, device
@@ -37,9 +41,10 @@ class Task:
         self.num_classes: int | None = None
 
     def datasets(self) -> tuple[Dataset, Dataset]:
-        """The training and validation sets (uint8 images, integer labels)."""
+        """The training set (by (epoch, index) keys, augmented per sample) and the validation set:
+        uint8 images and integer labels."""
         train_set, val_set, self.num_classes = build_datasets(self.cfg.data)
-        return train_set, val_set
+        return SeededAugmentation(train_set, self.cfg.run.seed, augment=self.cfg.data.augment), val_set
 
     def build_model(self, device: torch.device | None = None) -> nn.Module:
         """The classifier for the data's classes: on `device` in the training memory format, or as built."""
@@ -60,7 +65,14 @@ class Task:
     def summary(self, metrics: dict) -> str:
         return f"val/loss {metrics['val/loss']:.4f} val/acc {metrics['val/acc']:.4f} ({metrics['val/samples']} samples)"
 
-    def example_input(self) -> torch.Tensor:
-        """Two images of the configured size: torch.export specialises a dimension of size 0 or 1 to
-        that constant, so an example batch of one would fix the batch size the program accepts."""
-        return torch.zeros(2, 3, self.cfg.data.image_size, self.cfg.data.image_size)
+    def throughput(self, samples_per_s: float) -> dict:
+        """No figures beyond perf/samples_per_s: a sample is an image."""
+        return {}
+
+    def export_example(self) -> tuple[tuple, tuple]:
+        """Two images of the configured size, with a dynamic batch dimension (1 to 4096 images).
+
+        torch.export specialises a dimension of size 0 or 1 to that constant, so an example batch
+        of one would fix the batch size the program accepts."""
+        images = torch.zeros(2, 3, self.cfg.data.image_size, self.cfg.data.image_size)
+        return (images,), ({0: torch.export.Dim("batch", min=1, max=4096)},)

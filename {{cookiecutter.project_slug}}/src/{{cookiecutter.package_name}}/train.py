@@ -35,18 +35,18 @@ from tqdm import tqdm
 from . import distributed
 from .checkpoint import remove_stale_temporaries, resume_state
 from .config import Config, ConfigError, load_config, parse_args, to_dict
-from .data import build_train_loader, build_val_loader, shut_down_workers
 from .errors import PREEMPTED_EXIT, RUNTIME_FAILURE, Preempted, exit_status, report
+from .loaders import build_train_loader, build_val_loader, shut_down_workers
 from .metrics import MetricsLogger, PerfMeter
-from .model import train_mode
 from .optim import build_optimizer, check_finite, warmup_cosine
 from .preemption import StopRequest
 from .rundir import claim_output_dir, save_best, start_in_output_dir
 from .state import TrainState
-from .step import StepResult, train_step
+from .step import StepResult, train_mode, train_step
 from .task import Task
 
 log = logging.getLogger(__package__)
+BEST_KEY = "val/best_" + Task.MONITOR.split("/", 1)[1]  # the best Task.MONITOR so far: val/best_acc, ...
 
 
 def seed_everything(seed: int) -> None:
@@ -135,7 +135,18 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     logger = distributed.on_main(MetricsLogger, output_dir, cfg.tracker, to_dict(cfg)) or MetricsLogger.disabled()
 
     def validate() -> dict:
-        return task.validate(distributed.without_ddp(model), val_loader)
+        """Validate, keep best.safetensors, log; every rank runs it (FSDP forwards are collectives)."""
+        with perf.excluded():  # validation and saving are not training time
+            val = task.validate(distributed.without_ddp(model), val_loader)
+            check_finite("val/loss", val["val/loss"], progress.step, tcfg.precision)  # before anything is saved
+            if progress.improves(val[Task.MONITOR], Task.MONITOR_MODE):
+                progress.best, progress.best_step = val[Task.MONITOR], progress.step
+                weights = distributed.full_model_state(model)
+                distributed.on_main(save_best, weights, output_dir, progress.step, val)
+            val[BEST_KEY] = progress.best
+            distributed.on_main(logger.log, val, progress.step, progress.epoch)
+            log.info("epoch %d step %d: %s", progress.epoch, progress.step, task.summary(val))
+        return val
 
     val: dict = {}
     perf = PerfMeter(env.device, env.world_size)
@@ -157,12 +168,15 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                 result = train_step(state, itertools.islice(batches, accum), task.loss, tcfg, global_micro)
                 perf.samples, perf.steps = perf.samples + result.samples, perf.steps + 1
                 if progress.step % tcfg.log_every == 0:
-                    train_loss = log_training(state, result, perf, logger, tcfg.precision)
+                    train_loss = log_training(state, result, perf, logger, task)
                     bar.set_postfix(loss=f"{train_loss:.4f}")
                 stopping = stop.poll()  # a signal on any rank stops every rank after this same step
                 # At the end of the epoch (or of training) validation and a save follow: saving here too
                 # would leave a checkpoint of this step that predates its validation line.
                 ends_loop = progress.step >= total_steps or progress.samples_done == epoch_samples
+                if tcfg.val_every and progress.step % tcfg.val_every == 0 and not ends_loop:
+                    val = validate()
+                    train_mode(model)
                 if stopping or (progress.step % tcfg.checkpoint_every == 0 and not ends_loop):
                     with perf.excluded():
                         state.save(checkpoints, cfg)
@@ -176,38 +190,29 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
             bar.close()
             if progress.samples_done >= epoch_samples:
                 progress.epoch, progress.samples_done = progress.epoch + 1, 0
-            with perf.excluded():  # validation and saving are not training time
-                val = validate()
-                check_finite("val/loss", val["val/loss"], progress.step, tcfg.precision)  # before anything is saved
-                if val[Task.MONITOR] > progress.best_acc:  # best_acc: the best value of Task.MONITOR so far
-                    progress.best_acc, progress.best_step = val[Task.MONITOR], progress.step
-                    weights = distributed.full_model_state(model)
-                    distributed.on_main(save_best, weights, output_dir, progress.step, val)
-                val["val/best_acc"] = progress.best_acc
-                distributed.on_main(logger.log, val, progress.step, progress.epoch)
-                log.info("epoch %d step %d: %s", progress.epoch, progress.step, task.summary(val))
+            val = validate()
+            with perf.excluded():
                 state.save(checkpoints, cfg)
         if not val:  # resumed a finished run: report its metrics again
-            val = validate()
+            val = task.validate(distributed.without_ddp(model), val_loader)
     finally:
         logger.close()
         shut_down_workers(train_loader, val_loader)
-    return {**val, "val/best_acc": progress.best_acc, "step": progress.step, "epoch": progress.epoch}
+    return {**val, BEST_KEY: progress.best, "step": progress.step, "epoch": progress.epoch}
 
 
-def log_training(
-    state: TrainState, result: StepResult, perf: PerfMeter, logger: MetricsLogger, precision: str
-) -> float:
+def log_training(state: TrainState, result: StepResult, perf: PerfMeter, logger: MetricsLogger, task: Task) -> float:
     """A train/loss line (a host sync, so only every trainer.log_every steps); returns the loss."""
     state.check_updates()
     train_loss = state.running.global_mean()  # every rank gets it, so all stop together on NaN
-    check_finite("train/loss", train_loss, state.progress.step, precision)
+    check_finite("train/loss", train_loss, state.progress.step, task.cfg.trainer.precision)
     metrics = {
         "train/loss": train_loss,
         "train/lr": result.lr,
         "train/grad_norm": result.grad_norm.item(),
         **perf.read(),
     }
+    metrics.update(task.throughput(metrics["perf/samples_per_s"]))
     if state.scaler.is_enabled():
         metrics["train/skipped_steps"] = state.progress.skipped_steps
     distributed.on_main(logger.log, metrics, state.progress.step, state.progress.epoch)
@@ -260,9 +265,10 @@ def _main(argv: list[str]) -> int:
         )
         return RUNTIME_FAILURE
     if int(os.environ.get("RANK", "0")) == 0:
+        shown = dict.fromkeys([Task.MONITOR, "val/loss"])  # the monitored metric first, each once
         print(
-            f"final val/acc={result['val/acc']:.4f} val/loss={result['val/loss']:.4f} "
-            f"(best val/acc={result['val/best_acc']:.4f}) after {result['step']} steps; "
+            f"final {' '.join(f'{key}={result[key]:.4f}' for key in shown)} "
+            f"(best {Task.MONITOR}={result[BEST_KEY]:.4f}) after {result['step']} steps; "
             f"outputs in {cfg.run.output_dir}/ (metrics.jsonl, config.yaml, checkpoints/, best.safetensors)"
         )
     return 0

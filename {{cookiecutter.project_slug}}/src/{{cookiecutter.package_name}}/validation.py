@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 from . import distributed
 from .data import DeviceImages
-from .model import autocast
+from .step import autocast
 
 
 def evaluate_model(model: nn.Module, loader, inputs: DeviceImages, precision: str = "fp32") -> dict:

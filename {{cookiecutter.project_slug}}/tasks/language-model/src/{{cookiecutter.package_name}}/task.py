@@ -1,0 +1,85 @@
+"""The task: what this project trains, a decoder-only language model. The training core (train.py,
+state.py, step.py, evaluate.py, export.py) knows the task only through these names:
+
+    task = Task(cfg, device)
+    train_set, val_set = task.datasets()        # also learns what the model needs (vocabulary size)
+    model = task.build_model(device)            # on that device
+    loss, samples = task.loss(model, batch)     # one micro-batch: to the device, forward, loss
+    metrics = task.validate(model, loader)      # exact over every process; Task.MONITOR among them
+    text = task.summary(metrics)                # the log line after a validation
+    extra = task.throughput(samples_per_s)      # more perf/ figures for a training log line
+    args, shapes = task.export_example()        # the model's input and its dynamic dimensions
+
+The training set takes the (epoch, index) keys of loaders.ResumableSampler, so the windows it cuts
+are the same for any number of processes and after a resume. task_config.py, tokenizer.py,
+data.py, model.py and validation.py are this task's own building blocks; prepare.py and
+generate.py its own commands.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from .config import Config
+from .data import TokenData, build_datasets
+from .model import build_model, lm_loss
+from .validation import evaluate_model
+
+
+class Task:
+    """Next-token prediction: windows of token ids, cross-entropy per token, perplexity and bits per byte."""
+
+    NAME = "language-model"
+    MONITOR = "val/loss"  # the validation metric that picks best.safetensors
+    MONITOR_MODE = "min"  # lower is better
+
+    def __init__(self, cfg: Config, device: torch.device):
+        self.cfg, self.device = cfg, device
+        self.data: TokenData | None = None
+
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        """The training windows (by (epoch, index) keys) and the validation windows."""
+        train_set, val_set, self.data = build_datasets(self.cfg.data, seed=self.cfg.run.seed)
+        return train_set, val_set
+
+    def build_model(self, device: torch.device | None = None) -> nn.Module:
+        """The transformer for the data's vocabulary: on `device`, or as built (CPU)."""
+        model = build_model(self.cfg.model, self.data.vocab_size, self.cfg.data.seq_len)
+        return model if device is None else model.to(device)
+
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Mean cross-entropy per token of one micro-batch of windows, and its number of sequences."""
+        windows = batch.to(self.device, non_blocking=True)
+        inputs, targets = windows[:, :-1], windows[:, 1:]
+        return lm_loss(model(inputs), targets), len(windows)
+
+    def validate(self, model: nn.Module, loader: DataLoader) -> dict:
+        """val/loss, val/ppl, val/bpb and val/tokens over the whole validation split (and, for the
+        synthetic source, val/loss_floor: its entropy rate, the lowest val/loss any model can reach)."""
+        metrics = evaluate_model(model, loader, self.device, self.cfg.trainer.precision, self.data.bytes_per_token)
+        if self.data.loss_floor is not None:
+            metrics["val/loss_floor"] = self.data.loss_floor
+        return metrics
+
+    def summary(self, metrics: dict) -> str:
+        floor = f" (floor {metrics['val/loss_floor']:.4f})" if "val/loss_floor" in metrics else ""
+        return (
+            f"val/loss {metrics['val/loss']:.4f}{floor} val/ppl {metrics['val/ppl']:.3f} "
+            f"val/bpb {metrics['val/bpb']:.4f} ({metrics['val/tokens']} tokens)"
+        )
+
+    def throughput(self, samples_per_s: float) -> dict:
+        """perf/tokens_per_s: every sequence trains data.seq_len tokens."""
+        return {"perf/tokens_per_s": samples_per_s * self.cfg.data.seq_len}
+
+    def export_example(self) -> tuple[tuple, tuple]:
+        """Token ids [2, seq_len] with dynamic batch (1 to 4096) and time (1 to data.seq_len).
+
+        torch.export specialises a dimension of size 0 or 1 to that constant, so the example has
+        two of each."""
+        seq_len = self.cfg.data.seq_len
+        tokens = torch.zeros(2, max(seq_len, 2), dtype=torch.long)
+        dims = {0: torch.export.Dim("batch", min=1, max=4096), 1: torch.export.Dim("time", min=1, max=seq_len)}
+        return (tokens,), (dims,)

@@ -1,0 +1,126 @@
+"""The task's configuration: the data and model sections, their allowed values and checks.
+
+config.py holds the sections every task shares (run, optim, trainer, tracker, distributed) and
+merges these in; a task's module files (task.py, data.py, model.py) read them from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .config import Config
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"
+    """synthetic (text from a random Markov source with a known entropy rate, made in memory) or text
+    (token files written by `python -m PACKAGE.prepare` in data.root)."""
+    root: str = "data"
+    """text: the directory PACKAGE.prepare wrote (train.bin, val.bin, meta.json)."""
+    seq_len: int = 128
+    """Tokens per training sequence (the model's context length)."""
+    batch_size: int = 32
+    """Sequences per process per micro-batch; the global batch is batch_size x world size x grad_accum_steps."""
+    num_workers: int = 0
+    """DataLoader worker processes per training process (0: windows are cut in the main process)."""
+    vocab_size: int = 32
+    """synthetic: symbols of the source (each one letter or digit, so a token is one byte of text)."""
+    order: int = 2
+    """synthetic: tokens of context that decide the next token's distribution (a Markov chain of this order)."""
+    concentration: float = 0.2
+    """synthetic: Dirichlet concentration of each symbol's next-symbol distribution (lower: more predictable text)."""
+    context_concentration: float = 0.5
+    """synthetic: how closely a whole context's distribution follows its last symbol's (lower: the earlier
+    symbols matter more, and the floor lies further below what the last symbol alone predicts)."""
+    train_tokens: int = 1_000_000
+    """synthetic: tokens of the training split."""
+    val_tokens: int = 65_536
+    """synthetic: tokens of the validation split (documents the training split never sees)."""
+
+
+@dataclass
+class ModelConfig:
+    preset: str = "mini"
+    """A named size (model.PRESETS): nano, micro, mini (CPU sizes), small, gpt2 (GPT-2 small: 124M with
+    GPT-2's vocabulary)."""
+    n_layer: int | None = None
+    """Transformer blocks (null: the preset's)."""
+    n_head: int | None = None
+    """Attention heads per block (null: the preset's); must divide model.d_model."""
+    d_model: int | None = None
+    """Width of the residual stream (null: the preset's)."""
+    dropout: float = 0.0
+    """Dropout on attention weights and residual branches (0 for pretraining-size data)."""
+    compile: bool = False
+    """torch.compile the model (the first steps are slow while it compiles)."""
+
+
+# Values a key may take, and keys that must be at least 1 (config.validate checks both).
+CHOICES = {
+    "data.name": ("synthetic", "text"),
+    "model.preset": ("nano", "micro", "mini", "small", "gpt2"),
+}
+AT_LEAST_ONE = ("data.batch_size", "data.seq_len", "data.order", "data.train_tokens", "data.val_tokens")
+
+# Defaults of the shared sections that differ for this task: a run is measured in optimizer steps,
+# with validations between them, rather than in epochs of a fixed data set.
+DEFAULTS: dict = {
+    "optim": {"lr": 3e-3, "weight_decay": 0.1, "warmup_steps": 30},
+    "trainer": {"max_epochs": 1000, "max_steps": 600, "val_every": 100, "checkpoint_every": 200},
+}
+
+# What a checkpoint's stored config may set in evaluate, export and generate: what rebuilds the
+# model and the data it was trained on. Nothing that names a place (run.output_dir, data.root,
+# trainer.resume) or says how to run (batch size, workers, device) comes from a file that may
+# have been written elsewhere.
+FROM_CHECKPOINT = {
+    "model": ("preset", "n_layer", "n_head", "d_model"),
+    "data": (
+        "name",
+        "seq_len",
+        "vocab_size",
+        "order",
+        "concentration",
+        "context_concentration",
+        "train_tokens",
+        "val_tokens",
+    ),
+    "trainer": ("precision",),
+}
+INFERENCE_ONLY = ["trainer.resume=never"]
+
+MAX_VOCAB_SYNTHETIC = 62  # letters and digits: each symbol prints as one character
+
+
+def validate(cfg: Config) -> None:
+    """Combinations of data and model keys that cannot work, named."""
+    data, model = cfg.data, cfg.model
+    if not 0.0 <= model.dropout < 1.0:
+        raise ConfigError(f"model.dropout={model.dropout} must be at least 0 and below 1")
+    for key in ("n_layer", "n_head", "d_model"):
+        if getattr(model, key) is not None and getattr(model, key) < 1:
+            raise ConfigError(f"model.{key}={getattr(model, key)} must be at least 1, or null for the preset's")
+    if data.name == "synthetic":
+        if not 2 <= data.vocab_size <= MAX_VOCAB_SYNTHETIC:
+            raise ConfigError(f"data.vocab_size={data.vocab_size} must be between 2 and {MAX_VOCAB_SYNTHETIC}")
+        if data.vocab_size**data.order > 2**20:
+            raise ConfigError(
+                f"data.vocab_size**data.order = {data.vocab_size}**{data.order} contexts is too many to tabulate "
+                "(at most 2**20); lower data.order or data.vocab_size"
+            )
+        for key in ("concentration", "context_concentration"):
+            if not getattr(data, key) > 0:
+                raise ConfigError(f"data.{key}={getattr(data, key)} must be above 0")
+    if data.name == "text":
+        meta = Path(data.root) / "meta.json"
+        if not meta.is_file():
+            raise ConfigError(
+                f"data.root={data.root!r} has no meta.json; data.name=text reads the token files that "
+                f"`python -m {__package__}.prepare --out {data.root} FILES...` writes"
+            )
