@@ -17,6 +17,11 @@ batch at a time), the same model, the same AdamW (fused, no weight decay on bias
 weights), warmup-cosine schedule, gradient clipping at 1.0 and a loss read every 10 steps.
 `raw_cached` is the raw loop with the allocator setting the generated project makes on CPU
 (`run.cache_cpu_memory`): the two then differ by their loops alone.
+
+`--model lm` is the language-model project (baked with task=language-model): its generated loop
+against a raw loop on the same tokens, model, optimizer and schedule, written out in lm.py without
+the project's code (generated and raw only). Its `steps` result also carries `data`, a checksum of
+the training tokens, which the caller compares like `params`.
 Nothing is imported at module level beyond the standard library, so `startup` counts every
 import a contender makes.
 """
@@ -41,6 +46,7 @@ SHAPES = {"mlp": (16, 64, False, 0), "resnet18": (32, 128, True, 2)}
 
 PARAMS: list[int] = []
 FAULTS: list[int] = []
+DATA: list[int] = []  # the language model's training tokens' checksum (lm.fingerprint)
 
 
 def steps_hook(first: int, total: int):
@@ -274,9 +280,13 @@ def run_generated(
     import runpy
 
     if startup:  # exactly what `python -m PACKAGE.train` does, defaults and all
-        sys.argv = ["train", f"run.output_dir={output_dir}", "trainer.resume=never", "run.device=cpu"]
+        sys.argv = ["train", f"run.output_dir={output_dir}", "trainer.resume=never"]
+        sys.argv += ["run.device=cpu"]
         runpy.run_module(f"{package}.train", run_name="__main__", alter_sys=True)
     train = importlib.import_module(f"{package}.train")
+    if model_name == "lm":
+        run_generated_lm(package, train, total_steps, output_dir, log_every)
+        return
     image_size, batch, augment, workers = SHAPES[model_name]
     if model_name == "mlp":  # the task builds its model through this module-level name
         task = importlib.import_module(f"{package}.task")
@@ -299,13 +309,39 @@ def run_generated(
         sys.exit(code)
 
 
+def run_generated_lm(package: str, train, total_steps: int, output_dir: str, log_every: int):
+    """The language-model project's train.main, its data fingerprinted on the way (no timing)."""
+    import importlib
+
+    import lm
+
+    task = importlib.import_module(f"{package}.task")
+    build_datasets = task.build_datasets  # the task builds its data through this module-level name
+
+    def fingerprinted(cfg, seed):
+        train_set, val_set, info = build_datasets(cfg, seed)
+        DATA.append(lm.fingerprint(train_set.tokens.data))
+        return train_set, val_set, info
+
+    task.build_datasets = fingerprinted
+    overrides = [
+        f"run.output_dir={output_dir}",
+        "run.device=cpu",
+        "trainer.resume=never",
+        *lm.generated_overrides(total_steps, log_every),
+    ]
+    code = train.main(overrides)
+    if code:
+        sys.exit(code)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=["steps", "startup", "ops"])
     parser.add_argument(
         "--contender", choices=["generated", "raw", "lightning", "raw_cached"], required=True
     )
-    parser.add_argument("--model", choices=sorted(SHAPES), default="resnet18")
+    parser.add_argument("--model", choices=[*sorted(SHAPES), "lm"], default="resnet18")
     parser.add_argument("--package", default="my_trainer")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
@@ -314,7 +350,9 @@ def main() -> None:
     args = parser.parse_args()
 
     total = args.warmup + args.steps
-    dataset_size = SHAPES[args.model][1] * (total + 1)
+    if args.model == "lm" and args.contender not in ("generated", "raw"):
+        sys.exit("--model lm has the generated and raw contenders only")
+    dataset_size = SHAPES[args.model][1] * (total + 1) if args.model in SHAPES else 0
     if args.what == "startup":
         startup_hook()
         total, dataset_size = (
@@ -328,6 +366,10 @@ def main() -> None:
     if args.contender == "generated":
         startup = args.what == "startup"
         run_generated(args.package, args.model, total, args.output_dir, startup, args.log_every)
+    elif args.model == "lm":
+        import lm
+
+        DATA.append(lm.run_raw(total, args.log_every))
     elif args.contender in ("raw", "raw_cached"):
         if args.contender == "raw_cached":
             cache_freed_memory()
@@ -340,7 +382,10 @@ def main() -> None:
         steps = [b - a for a, b in itertools.pairwise(times[args.warmup - 1 : total])]
         result = {"step_s": statistics.median(steps), "mean_step_s": statistics.mean(steps)}
         result["faults_per_step"] = (FAULTS[1] - FAULTS[0]) / args.steps
-        print(json.dumps({**result, "params": PARAMS[0]}), flush=True)
+        result["params"] = PARAMS[0]
+        if DATA:
+            result["data"] = DATA[0]
+        print(json.dumps(result), flush=True)
     elif args.what == "ops":
         print(json.dumps({"ops_per_step": counts["ops"] / args.steps}), flush=True)
 

@@ -59,10 +59,30 @@ def cpu_section(results: dict) -> str:
             "Raw PyTorch with the allocator setting the generated project makes on CPU "
             f"(`raw_cached`): {f['step_s/resnet18/raw_cached']:.4f} s/step on ResNet-18, "
             f"{f['faults_per_step/resnet18/raw_cached']:.0f} page faults/step.",
+            *lm_lines(results),
             "",
             summary(f),
         ]
     )
+
+
+def lm_lines(results: dict) -> list[str]:
+    """The language model's step times and tokens/s (results without them: none)."""
+    f = results["figures"]
+    if "step_s/lm/raw" not in f:
+        return []
+    paired = "ratio/lm/generated_over_raw_paired"
+    reps = len(results["runs"]["step_s/lm/raw"])
+    return [
+        "",
+        f"Language model (task=language-model, micro GPT, 32 x 128 tokens per step, "
+        f"{reps} repetitions): generated {f['step_s/lm/generated']:.4f} s/step "
+        f"({f['tokens_per_s/lm/generated']:.0f} tokens/s; its log says "
+        f"{f['tokens_per_s/lm/generated_logged']:.0f}), raw PyTorch {f['step_s/lm/raw']:.4f} "
+        f"s/step ({f['tokens_per_s/lm/raw']:.0f} tokens/s); generated/raw "
+        f"{f['ratio/lm/generated_over_raw']:.3f}, per repetition {f[paired]:.3f} "
+        f"(quartiles {f[paired + '_q1']:.3f} to {f[paired + '_q3']:.3f}).",
+    ]
 
 
 def gpu_section(gpu: dict) -> str:

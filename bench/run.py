@@ -1,11 +1,13 @@
 """Benchmark the generated training loop on CPU against raw PyTorch and Lightning.
 
-    python bench/run.py                 # the full run (about 25 minutes on 2 cores), `make bench`
+    python bench/run.py                 # the full run (about 30 minutes on 2 cores), `make bench`
     python bench/run.py --quick         # one short repetition of everything: a correctness check
     python bench/run.py --docs          # also rewrite the results in docs/performance.md + plot
+    python bench/run.py --only-lm       # the language model's figures alone (about 4 minutes)
 
-It bakes the template's defaults, then measures, each figure the median of --reps repetitions
-with the contenders alternating inside every repetition (so drift in machine load hits all alike):
+It bakes the template's defaults (and, for 8, task=language-model), then measures, each figure
+the median of --reps repetitions with the contenders alternating inside every repetition (so
+drift in machine load hits all alike):
 
 1. steady-state seconds per optimizer step (each run's median step; the ratio of mean steps too):
    the generated loop, a minimal raw PyTorch loop and Lightning's Trainer, on a tiny MLP
@@ -22,7 +24,11 @@ with the contenders alternating inside every repetition (so drift in machine loa
 6. the README's demo (no arguments, 3 epochs): wall time and final val/acc (full run only);
 7. what a GPU would wait on: the training loader at 224x224, the project's uint8 hand-off vs
    per-sample float normalisation in the workers: worker CPU per sample, and normalised images/s
-   through 2 workers with the uint8 batches normalised on this CPU.
+   through 2 workers with the uint8 batches normalised on this CPU;
+8. the language model (a second bake, task=language-model; lm.py): steady-state seconds per
+   optimizer step of its generated loop vs a minimal raw loop on the same tokens and the same GPT
+   (micro preset, batch 32 x 128 tokens), paired as in 1, with tokens/s from the median step and
+   from the generated run's own log (perf/tokens_per_s), and tensor operations per step.
 
 Prints one `name: value` line per figure, then a summary table against the targets; writes
 bench/results/cpu.json (or --json FILE).
@@ -44,6 +50,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE.parent
 CONTENDERS = ("generated", "raw", "lightning")
+LM_CONTENDERS = ("generated", "raw")
+LM_TOKENS_PER_STEP = 32 * 128  # the language model's batch x sequence length (lm.BATCH, SEQ_LEN)
 
 
 def run_checked(command: list[str], cwd: Path, env: dict, timeout: float = 600) -> str:
@@ -75,7 +83,15 @@ def read_records(run_dir: Path) -> list[dict]:
 
 
 class Bench:
-    def __init__(self, project: Path, package: str, work: Path, reps: int, quick: bool):
+    def __init__(
+        self,
+        project: Path,
+        package: str,
+        work: Path,
+        reps: int,
+        quick: bool,
+        lm_project: tuple[Path, str] | None = None,
+    ):
         self.project, self.package, self.work, self.reps, self.quick = (
             project,
             package,
@@ -84,6 +100,12 @@ class Bench:
             quick,
         )
         self.env = {**os.environ, "PYTHONPATH": str(project / "src")}
+        # The language-model project (model "lm"): its directory, package and environment.
+        self.lm = (
+            (lm_project[0], lm_project[1], {**os.environ, "PYTHONPATH": str(lm_project[0] / "src")})
+            if lm_project
+            else None
+        )
         self.figures: dict[str, float] = {}
         self.runs: dict[str, list[float]] = {}  # each run's value behind a median, for the JSON
 
@@ -92,24 +114,29 @@ class Bench:
         print(f"{name}: {value:.6g}", flush=True)
 
     def contender(self, what, contender, model, rep, warmup, steps, log_every=10):
+        project, package, env = self.lm if model == "lm" else (self.project, self.package, self.env)
         out = self.work / f"{what}-{contender}-{model}-{rep}"
         command = [sys.executable, str(HERE / "contenders.py"), what, "--contender", contender]
-        command += ["--model", model, "--package", self.package, "--output-dir", str(out)]
+        command += ["--model", model, "--package", package, "--output-dir", str(out)]
         command += ["--warmup", str(warmup), "--steps", str(steps), "--log-every", str(log_every)]
         started = time.time()
-        result = run_json(command, self.project, self.env)
+        result = run_json(command, project, env)
         return result, started, out
 
     def step_times(self, model: str, warmup: int, steps: int, log_every: int, reps: int) -> None:
         """1 (and 5, from the generated ResNet-18 runs' own log: its window of the timed steps).
 
         On ResNet-18 a fourth contender, raw_cached, is the raw loop with the generated project's
-        CPU allocator setting: generated/raw_cached is what the loop itself costs.
+        CPU allocator setting: generated/raw_cached is what the loop itself costs. The language
+        model ("lm") has two, generated and raw, which must also train on the same tokens; its
+        tokens/s come from the median step and from the generated runs' own log (8).
         """
-        contenders = (*CONTENDERS, "raw_cached") if model == "resnet18" else CONTENDERS
+        contenders = {"resnet18": (*CONTENDERS, "raw_cached"), "lm": LM_CONTENDERS}.get(
+            model, CONTENDERS
+        )
         times, means = {c: [] for c in contenders}, {c: [] for c in contenders}
         faults: dict[str, list[float]] = {c: [] for c in contenders}
-        waits, params = [], {}
+        waits, params, data, logged = [], {}, {}, []
         for rep in range(reps):
             # Alternate the order (g r l, l r g, ...): generated and raw always run back to back,
             # and neither always goes first.
@@ -121,11 +148,23 @@ class Bench:
                 means[contender].append(result["mean_step_s"])
                 faults[contender].append(result["faults_per_step"])
                 params.setdefault(contender, result["params"])
+                if "data" in result:
+                    data.setdefault(contender, result["data"])
                 if contender == "generated" and model == "resnet18":
                     windows = [r for r in read_records(out) if "perf/data_wait" in r]
                     waits.append(windows[-1]["perf/data_wait"])  # the window of the timed steps
+                if contender == "generated" and model == "lm":
+                    # The log windows wholly inside the timed steps (validation is excluded).
+                    windows = [
+                        r["perf/tokens_per_s"]
+                        for r in read_records(out)
+                        if "perf/tokens_per_s" in r and r["step"] - log_every >= warmup
+                    ]
+                    logged.append(statistics.median(windows))
         if len(set(params.values())) != 1:
             raise SystemExit(f"the contenders train different {model} models: parameters {params}")
+        if model == "lm" and (len(data) != len(contenders) or len(set(data.values())) != 1):
+            raise SystemExit(f"the contenders train on different tokens: checksums {data}")
         self.record(f"params/{model}", params["raw"])
         medians = {c: statistics.median(v) for c, v in times.items()}
         for contender, value in medians.items():
@@ -155,17 +194,35 @@ class Bench:
         )
         if waits:
             self.record("data_wait/resnet18_default_pipeline", statistics.median(waits))
+        if model == "lm":
+            for contender in contenders:  # tokens per optimizer step over the median step
+                self.record(f"tokens_per_s/lm/{contender}", LM_TOKENS_PER_STEP / medians[contender])
+            self.record("tokens_per_s/lm/generated_logged", statistics.median(logged))
+            self.runs["tokens_per_s/lm/generated_logged"] = logged
 
     def op_counts(self, model: str, warmup: int, steps: int) -> None:
         """1b: tensor operations per optimizer step (a count, so one run each)."""
         counts = {}
-        for contender in CONTENDERS:
+        for contender in LM_CONTENDERS if model == "lm" else CONTENDERS:
             result, _, _ = self.contender("ops", contender, model, 0, warmup, steps)
             counts[contender] = result["ops_per_step"]
             self.record(f"ops_per_step/{model}/{contender}", counts[contender])
         self.record(
             f"ops_per_step/{model}/generated_minus_raw", counts["generated"] - counts["raw"]
         )
+
+    def language_model(self) -> None:
+        """8: the language model's step times, tokens/s and tensor operations, generated vs raw.
+
+        A micro step is about 0.17 s on 2 idle cores: 7 paired repetitions of 10 + 50 steps stay
+        under 4 minutes.
+        """
+        if self.quick:
+            self.step_times("lm", warmup=2, steps=4, log_every=2, reps=1)
+            self.op_counts("lm", warmup=2, steps=2)
+        else:
+            self.step_times("lm", warmup=10, steps=50, log_every=10, reps=self.reps + 2)
+            self.op_counts("lm", warmup=5, steps=5)
 
     def demo(self) -> None:
         """The README's demo: `python -m PACKAGE.train` with no arguments, start to finish."""
@@ -313,6 +370,8 @@ TARGETS = [
     ("ratio/resnet18/generated_over_raw_paired", "<= 1.02", lambda v, f: v <= 1.02),
     ("ratio/resnet18/generated_over_raw_cached", "<= 1.02", lambda v, f: v <= 1.02),
     ("ratio/resnet18/generated_over_raw_cached_paired", "<= 1.02", lambda v, f: v <= 1.02),
+    ("ratio/lm/generated_over_raw", "<= 1.05", lambda v, f: v <= 1.05),
+    ("ratio/lm/generated_over_raw_paired", "<= 1.05", lambda v, f: v <= 1.05),
     ("ratio/mlp/generated_over_lightning", "<= 1", lambda v, f: v <= 1.0),
     ("ratio/resnet18/generated_over_lightning", "<= 1", lambda v, f: v <= 1.0),
     ("ratio/mlp/generated_over_lightning_paired", "<= 1", lambda v, f: v <= 1.0),
@@ -343,10 +402,15 @@ def summary(figures: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def bake(work: Path) -> tuple[Path, str]:
+def bake(work: Path, task: str = "image-classification") -> tuple[Path, str]:
     from cookiecutter.main import cookiecutter
 
-    project = Path(cookiecutter(str(TEMPLATE), no_input=True, output_dir=str(work)))
+    work.mkdir(parents=True, exist_ok=True)
+    project = Path(
+        cookiecutter(
+            str(TEMPLATE), no_input=True, output_dir=str(work), extra_context={"task": task}
+        )
+    )
     package = next(p.parent.name for p in (project / "src").glob("*/train.py"))
     return project, package
 
@@ -357,29 +421,44 @@ def main() -> int:
         "--quick", action="store_true", help="1 short repetition: checks, not timings"
     )
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--json", type=Path, default=HERE / "results" / "cpu.json")
+    parser.add_argument(
+        "--only-lm", action="store_true", help="the language model's figures (8) alone"
+    )
+    parser.add_argument(
+        "--json", type=Path, help="default: bench/results/cpu.json (--only-lm: cpu_lm.json)"
+    )
     parser.add_argument(
         "--docs", action="store_true", help="rewrite docs/performance.md results and plot"
     )
     args = parser.parse_args()
+    if args.only_lm and args.docs:
+        parser.error("--docs needs the full run, not --only-lm")
+    if args.json is None:
+        args.json = HERE / "results" / ("cpu_lm.json" if args.only_lm else "cpu.json")
     reps = 1 if args.quick else args.reps
     with tempfile.TemporaryDirectory() as tmp:
         project, package = bake(Path(tmp))
-        bench = Bench(project, package, Path(tmp), reps, args.quick)
-        if args.quick:
+        lm_project = bake(Path(tmp) / "lm", "language-model")
+        bench = Bench(project, package, Path(tmp), reps, args.quick, lm_project)
+        if args.only_lm:
+            bench.language_model()
+        elif args.quick:
             bench.step_times("mlp", warmup=2, steps=3, log_every=10, reps=1)
             bench.op_counts("mlp", warmup=2, steps=10)
             bench.step_times("resnet18", warmup=5, steps=2, log_every=2, reps=1)
+            bench.language_model()
         else:
             # A tiny-MLP step is 2-3 ms, where this machine's slow spells weigh most: more runs.
             bench.step_times("mlp", warmup=20, steps=300, log_every=10, reps=2 * reps + 1)
             bench.op_counts("mlp", warmup=20, steps=100)
             bench.step_times("resnet18", warmup=10, steps=10, log_every=10, reps=reps + 2)
-        bench.startup()
-        bench.ddp_accumulation()
-        bench.scaling()
-        bench.input_pipeline()
-        if not args.quick:
+            bench.language_model()
+        if not args.only_lm:
+            bench.startup()
+            bench.ddp_accumulation()
+            bench.scaling()
+            bench.input_pipeline()
+        if not (args.quick or args.only_lm):
             bench.demo()
     import torch
 

@@ -41,6 +41,8 @@ RESERVED_PACKAGE_NAMES = frozenset(
         "pytest",
         "test",
         "tests",
+        "tiny",  # tests/tiny.py: the task's test configuration
+        "tokenizers",  # the language model's optional tokenizer.json support
         # torch's own dependencies: shadowing one breaks `import torch` itself
         "sympy",
         "isympy",

@@ -68,6 +68,7 @@ EXPECTED_FILES = frozenset(
         "tests/test_resume.py",
         "tests/test_errors.py",
         "tests/test_state.py",
+        "tests/test_distributed.py",
     }
 )
 # Each task's own files beyond those (its task.py, data.py, model.py, ... are at the shared paths).

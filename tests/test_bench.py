@@ -38,6 +38,14 @@ FIGURES = [
     ),
     "loader_224px/worker_cpu_float_over_uint8",
     "loader_224px/images_per_s_uint8_over_float",
+    # The language model: generated vs raw, paired, and tokens/s.
+    "params/lm",
+    *(f"step_s/lm/{c}" for c in ("generated", "raw")),
+    *(f"faults_per_step/lm/{c}" for c in ("generated", "raw")),
+    "ratio/lm/generated_over_raw",
+    *(f"ratio/lm/generated_over_raw_paired{q}" for q in ("", "_q1", "_q3")),
+    *(f"tokens_per_s/lm/{c}" for c in ("generated", "raw", "generated_logged")),
+    *(f"ops_per_step/lm/{c}" for c in ("generated", "raw")),
 ]
 
 
@@ -71,6 +79,27 @@ def test_accumulation_all_reduces_once_per_step_and_the_counter_sees_every_round
     figures = quick[1]["figures"]
     assert figures["ddp_accum4/skip_sync/allreduce_rounds_per_step"] == 1.0
     assert figures["ddp_accum4/sync_every_micro/allreduce_rounds_per_step"] == 4.0
+
+
+def test_language_model_figures_are_consistent(quick):
+    """Both language-model contenders train the micro GPT (0.8M parameters; run.py stops the
+    benchmark if their parameters or tokens differ); tokens/s is 32 x 128 tokens over the median
+    step; the LM ratios are among the targets."""
+    from importlib import util
+
+    spec = util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
+    run = util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    figures = quick[1]["figures"]
+    assert 0.7e6 < figures["params/lm"] < 0.9e6
+    for contender in ("generated", "raw"):
+        assert figures[f"tokens_per_s/lm/{contender}"] == pytest.approx(
+            32 * 128 / figures[f"step_s/lm/{contender}"]
+        )
+    q1, median, q3 = (figures[f"ratio/lm/generated_over_raw_paired{q}"] for q in ("_q1", "", "_q3"))
+    assert q1 <= median <= q3
+    targets = {name for name, _, _ in run.TARGETS}
+    assert {"ratio/lm/generated_over_raw", "ratio/lm/generated_over_raw_paired"} <= targets
 
 
 def test_times_and_shares_are_in_range(quick):
@@ -113,6 +142,7 @@ def test_report_rewrites_only_the_marked_section_and_draws_the_plot(quick, tmp_p
             assert text.startswith("# Performance\n\nkept\n") and text.endswith("after\n")
             assert "STALE-RESULTS" not in text and "| tiny MLP, s/step |" in text
             assert "GPU: Test GPU" in text
+            assert "Language model (task=language-model, micro GPT" in text
         assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
     finally:
         sys.path.remove(str(ROOT / "bench"))

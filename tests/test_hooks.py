@@ -79,17 +79,19 @@ IMPORTED = re.compile(
 
 
 def test_package_name_cannot_shadow_anything_the_project_imports(pre_gen):
-    """Every top-level module the generated code or its tests import (matplotlib, conftest, ...)
-    is refused as a package name, so the project never imports itself in its place."""
+    """Every top-level module the generated code or its tests import, for every task (matplotlib,
+    conftest, ...) is refused as a package name, so the project never imports itself in its place.
+    """
     project = ROOT / "{{cookiecutter.project_slug}}"
     imported = {
         name
-        for path in [*project.glob("src/*/*.py"), *project.glob("tests/*.py")]
+        for pattern in ("src/*/*.py", "tests/*.py", "tasks/*/src/*/*.py", "tasks/*/tests/*.py")
+        for path in project.glob(pattern)
         for match in IMPORTED.findall(path.read_text(encoding="utf-8"))
         for name in match
         if name
     }
-    assert {"torch", "omegaconf", "matplotlib", "conftest"} <= imported
+    assert {"torch", "omegaconf", "matplotlib", "conftest", "tokenizers", "tiny"} <= imported
     accepted = sorted(name for name in imported if pre_gen.validate_package_name(name) is None)
     assert not accepted, f"accepted as package names, yet imported by the project: {accepted}"
 
@@ -202,6 +204,42 @@ def test_install_license_refuses_an_unknown_license(post_gen, tmp_path):
     root = _licensed_tree(tmp_path)
     with pytest.raises(ValueError, match="MIT"):
         post_gen.install_license("GPL-3.0", root)
+
+
+def _task_tree(root: Path, image_only: tuple[str, ...]) -> Path:
+    """An image project's task files and image-only tests, and a language-model overlay."""
+    for name in ("src/pkg/task.py", "src/pkg/train.py", "tests/test_train.py", *image_only):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(f"image {name}\n")
+    for name in ("src/pkg/task.py", "src/pkg/prepare.py", "tests/test_train.py"):
+        (root / "tasks" / "language-model" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "tasks" / "language-model" / name).write_text(f"lm {name}\n")
+    return root
+
+
+@pytest.mark.parametrize("task", ["image-classification", "language-model"])
+def test_use_task_keeps_only_the_chosen_tasks_files(post_gen, tmp_path, task):
+    """The image project stays as shipped; the language model's files replace its own at the same
+    paths, image-only tests go, shared files stay, and no tasks/ folder is left either way."""
+    root = _task_tree(tmp_path, post_gen.IMAGE_ONLY_FILES)
+    post_gen.use_task(task, root)
+    files = {name: (root / name).read_text() for name in project_files(root)}
+    if task == "image-classification":
+        assert files["src/pkg/task.py"] == "image src/pkg/task.py\n"
+        assert set(post_gen.IMAGE_ONLY_FILES) <= set(files) and "src/pkg/prepare.py" not in files
+    else:
+        assert files["src/pkg/task.py"] == "lm src/pkg/task.py\n"
+        assert files["tests/test_train.py"] == "lm tests/test_train.py\n"
+        assert files["src/pkg/prepare.py"] == "lm src/pkg/prepare.py\n"
+        assert not set(post_gen.IMAGE_ONLY_FILES) & set(files)
+    assert files["src/pkg/train.py"] == "image src/pkg/train.py\n"  # shared by every task
+    assert not (root / "tasks").exists()
+
+
+def test_use_task_refuses_an_unknown_task(post_gen, tmp_path):
+    root = _task_tree(tmp_path, post_gen.IMAGE_ONLY_FILES)
+    with pytest.raises(ValueError, match="language-model"):
+        post_gen.use_task("speech", root)
 
 
 def test_remove_ci_deletes_the_workflow(post_gen, tmp_path):

@@ -121,6 +121,14 @@ def test_prepare_splits_by_document_and_counts_tokens_and_bytes(corpus, tmp_path
     assert prepare_main(["--out", str(out), str(corpus)]) == 2  # never overwrites
 
 
+def test_prepare_reads_only_the_files_glob_names(corpus, tmp_path):
+    """--glob '*.txt' reads the 40 text documents and never opens the binary file."""
+    out = tmp_path / "tokens"
+    assert prepare_main(["--out", str(out), "--glob", "*.txt", str(corpus)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["train"]["documents"] + meta["val"]["documents"] == 40 and meta["skipped_files"] == 0
+
+
 def test_training_on_prepared_text_reports_bits_per_byte(corpus, tmp_path, run_dir):
     """data.name=text trains on the token files; val/bpb = val/loss / ln 2 x tokens / bytes of the split."""
     out = tmp_path / "tokens"

@@ -1,12 +1,14 @@
 """Tokenize text files into the memory-mapped token files training reads (data.name=text).
 
-    python -m PACKAGE.prepare --out data/corpus [--val-fraction 0.05] [--tokenizer bytes|tokenizer.json] PATH...
+    python -m PACKAGE.prepare --out data/corpus [--val-fraction 0.05] [--tokenizer bytes|tokenizer.json]
+        [--glob '*.py'] PATH...
 
-Each PATH is a text file or a directory read recursively (hidden files and folders skipped, files
-that are not UTF-8 text skipped and counted). Every file is one document; a document goes to the
-validation split when a hash of its path relative to its PATH falls below --val-fraction, so the
-split does not depend on the order files are found in, or on which other files exist. Documents
-are separated by the tokenizer's end-of-document token.
+Each PATH is a text file or a directory read recursively (the files whose names match --glob,
+default all; hidden files and folders skipped; files that are not UTF-8 text skipped and
+counted). Every file is one document; a document goes to the validation split when a hash of its
+path relative to its PATH falls below --val-fraction, so the split does not depend on the order
+files are found in, or on which other files exist. Documents are separated by the tokenizer's
+end-of-document token.
 
 Writes into --out (a new or empty directory): train.bin and val.bin (token ids, uint16 when the
 vocabulary fits, else uint32), meta.json (tokenizer, vocabulary size, dtype, and per split the
@@ -34,7 +36,7 @@ from .tokenizer import load_tokenizer
 FORMAT = 1
 
 
-def find_documents(paths: list[str]) -> list[tuple[Path, str]]:
+def find_documents(paths: list[str], pattern: str = "*") -> list[tuple[Path, str]]:
     """(file, its name relative to the PATH it was found under), sorted; hidden entries skipped."""
     found = []
     for given in paths:
@@ -42,14 +44,14 @@ def find_documents(paths: list[str]) -> list[tuple[Path, str]]:
         if root.is_file():
             found.append((root, root.name))
         elif root.is_dir():
-            for path in sorted(root.rglob("*")):
+            for path in sorted(root.rglob(pattern)):
                 relative = path.relative_to(root)
                 if path.is_file() and not any(part.startswith(".") for part in relative.parts):
                     found.append((path, relative.as_posix()))
         else:
             raise ConfigError(f"{given}: no such file or directory")
     if not found:
-        raise DataError(f"no files found under {', '.join(paths)}")
+        raise DataError(f"no files matching {pattern!r} under {', '.join(paths)}")
     return found
 
 
@@ -59,19 +61,19 @@ def goes_to_val(name: str, fraction: float) -> bool:
     return digest / 2**64 < fraction
 
 
-def prepare(paths: list[str], out: Path, val_fraction: float, tokenizer_spec: str) -> dict:
+def prepare(paths: list[str], out: Path, val_fraction: float, tokenizer_spec: str, pattern: str = "*") -> dict:
     """Write train.bin, val.bin and meta.json into out; return the meta."""
     with writing(out):  # a full disk or a read-only folder: one line, exit 1
-        return _prepare(paths, out, val_fraction, tokenizer_spec)
+        return _prepare(paths, out, val_fraction, tokenizer_spec, pattern)
 
 
-def _prepare(paths: list[str], out: Path, val_fraction: float, tokenizer_spec: str) -> dict:
+def _prepare(paths: list[str], out: Path, val_fraction: float, tokenizer_spec: str, pattern: str) -> dict:
     if not 0.0 < val_fraction < 1.0:
         raise ConfigError(f"--val-fraction={val_fraction} must be between 0 and 1 (exclusive)")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out}: exists and is not an empty directory; name a new one (nothing was changed)")
     tokenizer = load_tokenizer(tokenizer_spec)
-    documents = find_documents(paths)
+    documents = find_documents(paths, pattern)
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
     splits = {name: {"tokens": 0, "bytes": 0, "documents": 0} for name in ("train", "val")}
     val_names = {name for _, name in documents if goes_to_val(name, val_fraction)}
@@ -134,9 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, type=Path, help="a new directory for the token files")
     parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents for validation")
     parser.add_argument("--tokenizer", default="bytes", help="bytes (default) or the path of a tokenizer.json")
+    parser.add_argument("--glob", default="*", help="in directories, read only files matching this (e.g. '*.py')")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        meta = prepare(args.paths, args.out, args.val_fraction, args.tokenizer)
+        meta = prepare(args.paths, args.out, args.val_fraction, args.tokenizer, args.glob)
     except Exception as err:
         if exit_status(err) is None:
             raise  # a bug: its traceback is what helps

@@ -46,7 +46,7 @@ class DataConfig:
 
 @dataclass
 class ModelConfig:
-    preset: str = "mini"
+    preset: str = "micro"
     """A named size (model.PRESETS): nano, micro, mini (CPU sizes), small, gpt2 (GPT-2 small: 124M with
     GPT-2's vocabulary)."""
     n_layer: int | None = None
@@ -71,8 +71,8 @@ AT_LEAST_ONE = ("data.batch_size", "data.seq_len", "data.order", "data.train_tok
 # Defaults of the shared sections that differ for this task: a run is measured in optimizer steps,
 # with validations between them, rather than in epochs of a fixed data set.
 DEFAULTS: dict = {
-    "optim": {"lr": 3e-3, "weight_decay": 0.1, "warmup_steps": 30},
-    "trainer": {"max_epochs": 1000, "max_steps": 600, "val_every": 100, "checkpoint_every": 200},
+    "optim": {"lr": 6e-3, "weight_decay": 0.1, "warmup_steps": 30},
+    "trainer": {"max_epochs": 1000, "max_steps": 800, "val_every": 100, "checkpoint_every": 200},
 }
 
 # What a checkpoint's stored config may set in evaluate, export and generate: what rebuilds the
