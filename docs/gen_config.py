@@ -260,6 +260,41 @@ def table(
     )
 
 
+def render_task(task: Task, tree: ast.Module, own: list[tuple[str, str]]) -> str:
+    """A task's part of the page: where its sections come from, its defaults, their tables."""
+    changed = [
+        f"`{section}.{name}={literal(value)}`"
+        for section, values in task.defaults.items()
+        for name, value in values.items()
+    ]
+    defaults = (
+        "It starts from other defaults for these shared keys (`DEFAULTS` in its "
+        f"`task_config.py`, shown beside the shared defaults above): {', '.join(changed)}."
+        if changed
+        else "The defaults of the shared sections above are its own."
+    )
+    if task.name == DEFAULT_TASK:
+        where = "in the template, the shipped project's own `src/<package>/task_config.py`"
+    else:
+        where = (
+            f"in the template, `tasks/{task.name}/src/<package>/task_config.py`, which the "
+            "bake moves into place"
+        )
+    own_names = " and ".join(f"`{section}`" for section, _ in own)
+    text = f"The {own_names} sections of a project baked with `task={task.name}` ({where}). "
+    parts = [TASK_HEADER.format(task=task.name, text=wrap(text + defaults))]
+
+    def task_default(key: str, default: ast.expr) -> str:
+        changed, value = task.default_of(key)
+        return describe_value(value) if changed else describe_default(default, task.constants)
+
+    constants = module_constants(tree, imported=task.constants)  # CHOICES with the task's merged
+    for section, class_name in own:
+        cls = task.classes[class_name]
+        parts.append(table(section, class_name, cls, constants, "###", task_default))
+    return "".join(parts)
+
+
 def render(path: Path = CONFIG_PY) -> str:
     """Return the full text of docs/configuration.md for the config.py at `path` and the tasks."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -280,62 +315,15 @@ def render(path: Path = CONFIG_PY) -> str:
                 cell += f" ({task.name}: {describe_value(task_value)})"
         return cell
 
-    parts = [
-        HEADER.format(
-            intro=wrap(
-                INTRO.format(
-                    shared=", ".join(f"`{section}`" for section, _ in shared),
-                    task=" and ".join(f"`{section}`" for section, _ in own),
-                )
-            )
-        )
-    ]
+    intro = INTRO.format(
+        shared=", ".join(f"`{section}`" for section, _ in shared),
+        task=" and ".join(f"`{section}`" for section, _ in own),
+    )
+    parts = [HEADER.format(intro=wrap(intro))]
     for section, class_name in shared:
-        parts.append(
-            table(section, class_name, classes[class_name], constants, "##", shared_default)
-        )
-    for task in task_list:
-        task_constants = module_constants(tree, imported=task.constants)
-        changed = [
-            f"`{section}.{name}={literal(value)}`"
-            for section, values in task.defaults.items()
-            for name, value in values.items()
-        ]
-        defaults = (
-            "It starts from other defaults for these shared keys (`DEFAULTS` in its "
-            f"`task_config.py`, shown beside the shared defaults above): {', '.join(changed)}."
-            if changed
-            else "The defaults of the shared sections above are its own."
-        )
-        if task.name == DEFAULT_TASK:
-            where = "in the template, the shipped project's own `src/<package>/task_config.py`"
-        else:
-            where = (
-                f"in the template, `tasks/{task.name}/src/<package>/task_config.py`, which the "
-                "bake moves into place"
-            )
-        own_names = " and ".join(f"`{section}`" for section, _ in own)
-        text = (
-            f"The {own_names} sections of a project baked with `task={task.name}` ({where}). "
-            + defaults
-        )
-        parts.append(TASK_HEADER.format(task=task.name, text=wrap(text)))
-
-        def task_default(key: str, default: ast.expr, task: Task = task) -> str:
-            changed, value = task.default_of(key)
-            return describe_value(value) if changed else describe_default(default, task.constants)
-
-        for section, class_name in own:
-            parts.append(
-                table(
-                    section,
-                    class_name,
-                    task.classes[class_name],
-                    task_constants,
-                    "###",
-                    task_default,
-                )
-            )
+        cls = classes[class_name]
+        parts.append(table(section, class_name, cls, constants, "##", shared_default))
+    parts += [render_task(task, tree, own) for task in task_list]
     return "".join(parts)
 
 
