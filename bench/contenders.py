@@ -20,8 +20,8 @@ weights), warmup-cosine schedule, gradient clipping at 1.0 and a loss read every
 
 `--model lm` is the language-model project (baked with task=language-model): its generated loop
 against a raw loop on the same tokens, model, optimizer and schedule, written out in lm.py without
-the project's code (no Lightning; raw_cached as above). Its `steps` result also carries `data`, a checksum of
-the training tokens, which the caller compares like `params`.
+the project's code (no Lightning; raw_cached as above). Its `steps` result also carries `data`, a
+checksum of the training tokens, which the caller compares like `params`.
 Nothing is imported at module level beyond the standard library, so `startup` counts every
 import a contender makes.
 """

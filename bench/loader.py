@@ -56,7 +56,8 @@ def main() -> None:
 
         data.build_transforms = float_transforms
     train_set, _, _ = data.build_datasets(cfg)
-    train_set = data.SeededAugmentation(train_set, seed=0)  # the training set takes (epoch, index) keys
+    # The training set takes (epoch, index) keys.
+    train_set = data.SeededAugmentation(train_set, seed=0)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as in a DataLoader worker

@@ -9,7 +9,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
+from {{ cookiecutter.package_name }} import train as train_module
 from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint, list_checkpoints, weights_metadata
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.metrics import read_metrics
@@ -17,7 +19,7 @@ from {{ cookiecutter.package_name }}.optim import warmup_cosine
 from {{ cookiecutter.package_name }}.rundir import LOCK_NAME, RunLock
 from {{ cookiecutter.package_name }}.task import Task
 from {{ cookiecutter.package_name }}.train import main
-from tiny import MODEL_CHANGE
+from tiny import MODEL_CHANGE, RANDOM_DATA
 
 # 6 optimizer steps per epoch; a checkpoint every 2 steps, all of them kept.
 SAVING = ["trainer.checkpoint_every=2", "trainer.keep_last=10", "trainer.log_every=1"]
@@ -27,6 +29,37 @@ def one_line_error(capsys) -> str:
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err, err
     return err
+
+
+def test_resume_after_a_crash_matches_an_uninterrupted_run(tiny, tmp_path, monkeypatch, final_weights):
+    """Killed after step 5 and resumed from the step-4 checkpoint (the task's random data draws on, 2
+    workers, a validation every 3 steps), training ends with identical weights and the same logged lines."""
+    common = [*tiny, *RANDOM_DATA, "data.num_workers=2", "trainer.checkpoint_every=4", "trainer.max_epochs=2",
+              "trainer.val_every=3"]  # fmt: skip
+    assert main([*common, f"run.output_dir={tmp_path / 'straight'}"]) == 0
+
+    crashed = tmp_path / "crashed"
+    real_log = train_module.MetricsLogger.log
+
+    def crash_at_step_6(self, metrics, step, epoch):
+        if step >= 6:
+            raise KeyboardInterrupt("simulated kill")
+        real_log(self, metrics, step, epoch)
+
+    monkeypatch.setattr(train_module.MetricsLogger, "log", crash_at_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        main([*common, f"run.output_dir={crashed}"])
+    assert list_checkpoints(crashed / "checkpoints")[-1].name == "step_00000004.pt"
+    monkeypatch.setattr(train_module.MetricsLogger, "log", real_log)
+    assert main([*common, f"run.output_dir={crashed}"]) == 0
+
+    straight, resumed = final_weights(tmp_path / "straight"), final_weights(crashed)
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+    keys = ("step", "epoch", "train/loss", "val/loss", Task.MONITOR)
+    lines = [[tuple(r.get(k) for k in keys) for r in read_metrics(run)] for run in (tmp_path / "straight", crashed)]
+    assert lines[0] == lines[1]
+    assert [r["step"] for r in read_metrics(crashed) if "train/loss" in r] == [2, 4, 6, 8, 10, 12]  # 2, 4 once
+    assert [r["step"] for r in read_metrics(crashed) if "val/loss" in r] == [3, 6, 9, 12]
 
 
 def test_resuming_with_a_changed_learning_rate_exits_2_naming_key_values_and_remedies(tiny, run_dir, capsys):

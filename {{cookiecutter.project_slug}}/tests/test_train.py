@@ -38,37 +38,6 @@ def test_smoke_run_learns_and_writes_its_outputs(tiny, run_dir, capsys):
     assert "final val/acc=" in capsys.readouterr().out
 
 
-def test_resume_after_a_crash_matches_an_uninterrupted_run(tiny, tmp_path, monkeypatch, final_weights):
-    """Killed after step 5 and resumed from the step-4 checkpoint (augmentation on, 2 workers), training ends
-    with identical weights and the same logged losses."""
-    common = [*tiny, "trainer.checkpoint_every=4", "trainer.max_epochs=2", "data.augment=true", "data.num_workers=2"]
-    assert main([*common, f"run.output_dir={tmp_path / 'straight'}"]) == 0
-
-    crashed = tmp_path / "crashed"
-    real_log = train_module.MetricsLogger.log
-
-    def crash_at_step_6(self, metrics, step, epoch):
-        if step >= 6:
-            raise KeyboardInterrupt("simulated kill")
-        real_log(self, metrics, step, epoch)
-
-    monkeypatch.setattr(train_module.MetricsLogger, "log", crash_at_step_6)
-    with pytest.raises(KeyboardInterrupt):
-        main([*common, f"run.output_dir={crashed}"])
-    assert list_checkpoints(crashed / "checkpoints")[-1].name == "step_00000004.pt"
-    monkeypatch.setattr(train_module.MetricsLogger, "log", real_log)
-    assert main([*common, f"run.output_dir={crashed}"]) == 0
-
-    straight, resumed = final_weights(tmp_path / "straight"), final_weights(crashed)
-    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
-    losses = [
-        [r["train/loss"] for r in read_metrics(run) if "train/loss" in r] for run in (tmp_path / "straight", crashed)
-    ]
-    assert losses[0] == losses[1]
-    steps = [r["step"] for r in read_metrics(crashed) if "train/loss" in r]
-    assert steps == [2, 4, 6, 8, 10, 12]  # continued from step 4: 2 and 4 logged once, not again
-
-
 def test_gradient_accumulation_equals_the_large_batch(tiny, tmp_path, final_weights):
     """2 micro-batches of 16 give the same weights as 1 batch of 32 (GroupNorm, fp32, no augmentation).
 

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import random
 import signal
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
+from . import distributed
 from .errors import ConfigError, DataError
 
 
@@ -108,3 +110,13 @@ def build_val_loader(cfg, val_set, *, rank=0, world_size=1, pin_memory=False) ->
         raise DataError(f"the validation set has {len(val_set)} samples, fewer than the {world_size} processes")
     shard = Subset(val_set, range(rank, len(val_set), world_size))
     return DataLoader(shard, shuffle=False, drop_last=False, **_loader_options(cfg, pin_memory))
+
+
+def in_lockstep(loader: DataLoader, device: torch.device) -> Iterator:
+    """The loader's batches, then None until every process has had as many rounds as the one with
+    the most batches: under FSDP a forward is a collective, so a process whose share of the
+    validation set is one batch shorter must still run one (uncounted) forward for each of the others'."""
+    rounds = distributed.max_over_ranks(len(loader), device)
+    batches = iter(loader)
+    for _ in range(rounds):
+        yield next(batches, None)

@@ -13,6 +13,7 @@ from torch.nn import functional as F
 
 from . import distributed
 from .data import DeviceImages
+from .loaders import in_lockstep
 from .step import autocast
 
 
@@ -26,11 +27,9 @@ def evaluate_model(model: nn.Module, loader, inputs: DeviceImages, precision: st
     model.eval()
     device = inputs.device
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, samples
-    rounds = distributed.max_over_ranks(len(loader), device)  # FSDP forwards are collectives: run as many
-    batches, images = iter(loader), None
+    images = None
     with torch.no_grad(), autocast(device, precision):
-        for _ in range(rounds):
-            batch = next(batches, None)
+        for batch in in_lockstep(loader, device):
             if batch is None:
                 model(images)  # keeps step with processes that have one more batch; not counted
                 continue

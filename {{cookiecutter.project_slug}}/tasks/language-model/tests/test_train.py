@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }} import train as train_module
 from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint, list_checkpoints
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
@@ -69,34 +68,6 @@ def test_val_every_validates_between_epochs_and_at_the_end(tiny, run_dir):
     """trainer.val_every=2 validates at steps 2 and 4, then at the end of the epoch (6) once."""
     assert main([*tiny, "trainer.val_every=2"]) == 0
     assert [r["step"] for r in vals(run_dir)] == [2, 4, 6]
-
-
-def test_resume_after_a_crash_matches_an_uninterrupted_run(tiny, tmp_path, monkeypatch, final_weights):
-    """Killed after step 5 and resumed from the step-4 checkpoint (2 workers, windows shifted per
-    epoch), training ends with identical weights and the same logged losses."""
-    common = [*tiny, "trainer.checkpoint_every=4", "trainer.max_epochs=2", "data.num_workers=2", "trainer.val_every=3"]
-    assert main([*common, f"run.output_dir={tmp_path / 'straight'}"]) == 0
-
-    crashed = tmp_path / "crashed"
-    real_log = train_module.MetricsLogger.log
-
-    def crash_at_step_6(self, metrics, step, epoch):
-        if step >= 6:
-            raise KeyboardInterrupt("simulated kill")
-        real_log(self, metrics, step, epoch)
-
-    monkeypatch.setattr(train_module.MetricsLogger, "log", crash_at_step_6)
-    with pytest.raises(KeyboardInterrupt):
-        main([*common, f"run.output_dir={crashed}"])
-    assert list_checkpoints(crashed / "checkpoints")[-1].name == "step_00000004.pt"
-    monkeypatch.setattr(train_module.MetricsLogger, "log", real_log)
-    assert main([*common, f"run.output_dir={crashed}"]) == 0
-
-    straight, resumed = final_weights(tmp_path / "straight"), final_weights(crashed)
-    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
-    keys = ("step", "train/loss", "val/loss")
-    lines = [[tuple(r.get(k) for k in keys) for r in read_metrics(run)] for run in (tmp_path / "straight", crashed)]
-    assert lines[0] == lines[1]
 
 
 def test_gradient_accumulation_equals_the_large_batch(tiny, tmp_path, final_weights):

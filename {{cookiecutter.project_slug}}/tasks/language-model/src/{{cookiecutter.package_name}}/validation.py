@@ -15,6 +15,7 @@ from torch import nn
 
 from . import distributed
 from .data import IGNORE
+from .loaders import in_lockstep
 from .model import lm_loss
 from .step import autocast
 
@@ -23,11 +24,9 @@ def evaluate_model(model: nn.Module, loader, device: torch.device, precision: st
     """val/loss (mean cross-entropy per token, nats), val/ppl, val/bpb and val/tokens, summed over all processes."""
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, tokens
-    rounds = distributed.max_over_ranks(len(loader), device)  # FSDP forwards are collectives: run as many
-    batches, inputs = iter(loader), None
+    inputs = None
     with torch.no_grad(), autocast(device, precision):
-        for _ in range(rounds):
-            batch = next(batches, None)
+        for batch in in_lockstep(loader, device):
             if batch is None:
                 model(inputs)  # keeps step with processes that have one more batch; not counted
                 continue
