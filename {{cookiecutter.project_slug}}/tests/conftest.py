@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint
+
 from tiny import TINY
 
 

@@ -10,6 +10,7 @@ import yaml
 
 from {{ cookiecutter.package_name }}.config import Config, ConfigError, all_keys, field_docs, load_config
 from {{ cookiecutter.package_name }}.train import main
+
 from tiny import BAD_CONFIGS
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

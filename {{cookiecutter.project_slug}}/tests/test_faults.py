@@ -43,6 +43,7 @@ from {{ cookiecutter.package_name }}.metrics import read_metrics
 from {{ cookiecutter.package_name }}.preemption import PREEMPTED_EXIT
 from {{ cookiecutter.package_name }}.task import Task
 from {{ cookiecutter.package_name }}.train import main
+
 from tiny import RANDOM_DATA, VAL_KEYS
 
 # Augmentation on, log windows that straddle checkpoints (log_every=3, checkpoint_every=2).

@@ -19,6 +19,7 @@ from {{ cookiecutter.package_name }}.optim import warmup_cosine
 from {{ cookiecutter.package_name }}.rundir import LOCK_NAME, RunLock
 from {{ cookiecutter.package_name }}.task import Task
 from {{ cookiecutter.package_name }}.train import main
+
 from tiny import MODEL_CHANGE, RANDOM_DATA
 
 # 6 optimizer steps per epoch; a checkpoint every 2 steps, all of them kept.
