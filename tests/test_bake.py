@@ -71,7 +71,7 @@ EXPECTED_FILES = frozenset(
         "tests/test_distributed.py",
     }
 )
-# Each task's own files beyond those (its task.py, data.py, model.py, ... are at the shared paths).
+# Each task's own files beyond those (its task.py, data.py, model.py, ... share the same paths).
 TASK_FILES = {
     "image-classification": {"tests/test_metrics.py", "tests/test_export.py", "tests/test_evaluate.py"},
     "language-model": {"src/PKG/tokenizer.py", "src/PKG/prepare.py", "src/PKG/generate.py"},
@@ -118,7 +118,8 @@ def expected_files(package: str, context: dict[str, str]) -> set[str]:
 
 
 def _combinations() -> list[dict[str, str]]:
-    """Return the answer combinations to bake: defaults, license x CI, each other choice value."""
+    """Return the answer combinations to bake: defaults, license x CI, each other choice value, and
+    each task with the other answers changed."""
     questions = json.loads((ROOT / "cookiecutter.json").read_text(encoding="utf-8"))
     choices = {name: values for name, values in questions.items() if isinstance(values, list)}
     interacting = ("license", "include_ci")
@@ -134,6 +135,13 @@ def _combinations() -> list[dict[str, str]]:
         if name not in interacting
         for value in values
     ]
+    # Each task with every other answer away from its default, so the tasks' files meet each option.
+    for task in choices["task"]:
+        combos += [
+            {"task": task, "tracker": "wandb", "launcher": "accelerate", "cluster": "all",
+             "include_docker": "yes", "include_ci": "no", "license": "Apache-2.0"},
+            {"task": task, "tracker": "tensorboard", "python_version": "3.13"},
+        ]  # fmt: skip
     return combos
 
 
