@@ -73,7 +73,11 @@ EXPECTED_FILES = frozenset(
 )
 # Each task's own files beyond those (its task.py, data.py, model.py, ... share the same paths).
 TASK_FILES = {
-    "image-classification": {"tests/test_metrics.py", "tests/test_export.py", "tests/test_evaluate.py"},
+    "image-classification": {
+        "tests/test_metrics.py",
+        "tests/test_export.py",
+        "tests/test_evaluate.py",
+    },
     "language-model": {"src/PKG/tokenizer.py", "src/PKG/prepare.py", "src/PKG/generate.py"},
 }
 CI_FILES = frozenset({".github/workflows/ci.yml"})

@@ -78,8 +78,8 @@ def _make_venv_on_top_of_this_one(venv: Path) -> Path:
 
 
 def test_readme_install_then_tests_pass(cookies, tmp_path):
-    """The README's `pip install -e '.[dev]'` works in a fresh venv and the default bake's whole suite
-    (all but the slow tests, which test_baked_slow_tests_pass runs) then passes."""
+    """The README's `pip install -e '.[dev]'` works in a fresh venv and the default bake's whole
+    suite (all but the slow tests, which test_baked_slow_tests_pass runs) then passes."""
     baked = bake(cookies)
     readme = (baked.path / "README.md").read_text(encoding="utf-8")
     assert README_INSTALL.search(readme), "README.md does not show pip install -e '.[dev]'"
