@@ -1,4 +1,5 @@
-"""The training core's pieces on their own: one optimizer step with any loss, and the checkpoint format."""
+"""The training core's pieces on their own: one optimizer step with any loss, the checkpoint format, and
+steps that never wait for the device between log lines (for the task's own loss and data)."""
 
 import copy
 
@@ -88,3 +89,78 @@ def test_checkpoints_carry_their_format_and_a_newer_one_is_refused(tiny, run_dir
     torch.save({k: v for k, v in state.items() if k != "format"}, path)
     assert main([*tiny, "trainer.max_steps=3", "trainer.checkpoint_every=1"]) == 0
     assert load_checkpoint(latest_checkpoint(run_dir / "checkpoints")[0])["progress"]["step"] == 3
+
+
+HOST_READS = {
+    torch.ops.aten._local_scalar_dense.default,  # item(), bool(), float(), int(), `if tensor:`
+    torch.ops.aten.nonzero.default,  # boolean-mask indexing, one-argument torch.where
+    torch.ops.aten.is_nonzero.default,
+    torch.ops.aten.equal.default,
+}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_training_steps_read_no_tensor_back_to_python_between_log_lines(tiny, precision):
+    """From the second optimizer step to the fifth no tensor value is read into Python.
+
+    On a GPU each such read would make the host wait for the device. Workers load the data, so
+    every tensor operation recorded here belongs to the step. Copies to the CPU (.cpu(), tolist())
+    are invisible on a CPU; the gpu test below catches those.
+    """
+    import traceback
+
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class HostReads(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in HOST_READS:
+                frames = [f for f in traceback.extract_stack() if "{{ cookiecutter.package_name }}" in f.filename]
+                self.seen.append(f"{func} at {frames[-1].filename}:{frames[-1].lineno}" if frames else str(func))
+            return func(*args, **(kwargs or {}))
+
+    reads, steps = HostReads(), []
+
+    def watch(optimizer, args, kwargs):
+        steps.append(len(steps) + 1)
+        if len(steps) == 1:
+            reads.__enter__()
+        elif len(steps) == 5:
+            reads.__exit__(None, None, None)
+
+    handle = register_optimizer_step_post_hook(watch)
+    try:
+        quiet = ["trainer.max_steps=6", "trainer.log_every=1000", "trainer.checkpoint_every=1000"]
+        assert main([*tiny, *quiet, "data.num_workers=2", f"trainer.precision={precision}"]) == 0
+    finally:
+        handle.remove()
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert reads.seen == []
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_training_steps_never_wait_for_the_gpu(tiny, precision):
+    """Between log lines a training step makes no host-device sync: from the second optimizer step to
+    the last, torch's sync debug mode turns any sync into an error."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    steps = []
+
+    def watch(optimizer, args, kwargs):
+        steps.append(len(steps) + 1)
+        torch.cuda.set_sync_debug_mode("error" if len(steps) < 6 else "default")
+
+    handle = register_optimizer_step_post_hook(watch)
+    try:
+        overrides = [o for o in tiny if o != "run.device=cpu"] + ["run.device=cuda", f"trainer.precision={precision}"]
+        quiet = ["trainer.max_steps=6", "trainer.log_every=1000", "trainer.checkpoint_every=1000"]
+        assert main([*overrides, *quiet]) == 0
+    finally:
+        handle.remove()
+        torch.cuda.set_sync_debug_mode("default")
+    assert steps == [1, 2, 3, 4, 5, 6]
