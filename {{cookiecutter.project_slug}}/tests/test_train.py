@@ -4,7 +4,6 @@ import json
 import os
 import platform
 import resource
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -375,40 +374,6 @@ def test_compiled_model_trains_and_saves_clean_keys(tiny, run_dir):
     assert main([*tiny, "model.compile=true", "trainer.max_steps=2"]) == 0
     _, state = latest_checkpoint(run_dir / "checkpoints")
     assert "conv1.weight" in state["model"] and not any(k.startswith("_orig_mod.") for k in state["model"])
-
-
-@pytest.mark.slow
-def test_accelerate_launch_starts_two_cpu_processes(tiny, run_dir):
-    """accelerate launch with configs/accelerate/multi_cpu.yaml really runs 2 processes that split the data."""
-    pytest.importorskip("accelerate")
-    config = Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "multi_cpu.yaml"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
-    command += ["-m", "{{ cookiecutter.package_name }}.train", *tiny]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = read_metrics(run_dir)
-    assert [r["step"] for r in records if "val/acc" in r] == [3]  # 192 samples / (2 processes x 32)
-    assert [r["val/samples"] for r in records if "val/samples" in r] == [101]
-
-
-@pytest.mark.slow
-def test_two_nodes_rendezvous_through_c10d(tiny, run_dir):
-    """Two torchrun agents (--nnodes=2, c10d rendezvous) on this machine train as one 2-process job."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
-               "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=two-nodes",
-               "-m", "{{ cookiecutter.package_name }}.train", *tiny]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    nodes = [subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for _ in range(2)]  # fmt: skip
-    outputs = [node.communicate(timeout=300)[0] for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
-    records = read_metrics(run_dir)
-    assert [r["step"] for r in records if "val/acc" in r] == [3]  # the data split over 2 processes
-    assert [r["val/samples"] for r in records if "val/samples" in r] == [101]
 
 
 @pytest.mark.gpu

@@ -195,16 +195,3 @@ def test_single_gpu_smoke(tiny, run_dir, precision):
     assert [r["val/tokens"] for r in vals(run_dir)] == [999, 999]
     _, state = latest_checkpoint(run_dir / "checkpoints")
     assert bool(state["scaler"]) == (precision == "fp16")
-
-
-@pytest.mark.slow
-def test_accelerate_launch_starts_two_cpu_processes(tiny, run_dir):
-    """accelerate launch with configs/accelerate/multi_cpu.yaml runs 2 processes that split the windows."""
-    pytest.importorskip("accelerate")
-    config = Path(__file__).resolve().parents[1] / "configs" / "accelerate" / "multi_cpu.yaml"
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
-    command += ["-m", "{{ cookiecutter.package_name }}.train", *tiny]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert [(r["step"], r["val/tokens"]) for r in vals(run_dir)] == [(3, 999)]  # 48 windows / (2 x 8)
