@@ -55,6 +55,10 @@ EXPECTED_FILES = frozenset(
         "src/PKG/preemption.py",
         "src/PKG/loaders.py",
         "src/PKG/task_config.py",
+        "src/PKG/sharded.py",
+        "src/PKG/model_init.py",
+        "src/PKG/recompute.py",
+        "src/PKG/launcher.py",
         "tests/tiny.py",
         "tests/conftest.py",
         "tests/test_config.py",
@@ -69,6 +73,10 @@ EXPECTED_FILES = frozenset(
         "tests/test_errors.py",
         "tests/test_state.py",
         "tests/test_distributed.py",
+        "tests/test_sharded.py",
+        "tests/test_scale.py",
+        "tests/test_recompute.py",
+        "tests/test_launcher.py",
     }
 )
 # Each task's own files beyond those (its task.py, data.py, model.py, ... share the same paths).

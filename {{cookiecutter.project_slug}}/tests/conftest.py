@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint
+from {{ cookiecutter.package_name }}.checkpoint import in_full, latest_checkpoint
 
 from tiny import TINY
 
@@ -34,11 +34,11 @@ def tiny(run_dir) -> list[str]:
 
 @pytest.fixture
 def final_weights():
-    """Read the model weights of the newest checkpoint of a run directory."""
+    """Read the model weights of the newest checkpoint of a run directory (full or sharded)."""
 
     def read(run_dir) -> dict[str, torch.Tensor]:
         _, state = latest_checkpoint(run_dir / "checkpoints")
-        return state["model"]
+        return in_full(state)["model"]
 
     return read
 

@@ -32,12 +32,22 @@ def one_line_error(capsys) -> str:
     return err
 
 
-def test_resume_after_a_crash_matches_an_uninterrupted_run(tiny, tmp_path, monkeypatch, final_weights):
+SAVES = {
+    "full": ["trainer.checkpoint_format=full"],
+    "sharded": ["trainer.checkpoint_format=sharded"],
+    "async": ["trainer.async_checkpoint=true"],  # sharded, written in the background
+}
+
+
+@pytest.mark.parametrize("save", list(SAVES))
+def test_resume_after_a_crash_matches_an_uninterrupted_run(save, tiny, tmp_path, monkeypatch, final_weights):
     """Killed after step 5 and resumed from the step-4 checkpoint (the task's random data draws on, 2
-    workers, a validation every 3 steps), training ends with identical weights and the same logged lines."""
+    workers, a validation every 3 steps), training ends with identical weights and the same logged
+    lines: with either checkpoint format, and with saves written in the background."""
     common = [*tiny, *RANDOM_DATA, "data.num_workers=2", "trainer.checkpoint_every=4", "trainer.max_epochs=2",
-              "trainer.val_every=3"]  # fmt: skip
-    assert main([*common, f"run.output_dir={tmp_path / 'straight'}"]) == 0
+              "trainer.val_every=3", *SAVES[save]]  # fmt: skip
+    assert main([*tiny, *RANDOM_DATA, "data.num_workers=2", "trainer.max_epochs=2", "trainer.checkpoint_every=4",
+                 "trainer.val_every=3", f"run.output_dir={tmp_path / 'straight'}"]) == 0  # fmt: skip
 
     crashed = tmp_path / "crashed"
     real_log = train_module.MetricsLogger.log
@@ -50,7 +60,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(tiny, tmp_path, monke
     monkeypatch.setattr(train_module.MetricsLogger, "log", crash_at_step_6)
     with pytest.raises(KeyboardInterrupt):
         main([*common, f"run.output_dir={crashed}"])
-    assert list_checkpoints(crashed / "checkpoints")[-1].name == "step_00000004.pt"
+    assert list_checkpoints(crashed / "checkpoints")[-1].name == "step_00000004" + (".pt" if save == "full" else "")
     monkeypatch.setattr(train_module.MetricsLogger, "log", real_log)
     assert main([*common, f"run.output_dir={crashed}"]) == 0
 

@@ -4,6 +4,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -186,9 +187,12 @@ def test_two_processes_match_one_and_resume_on_one(tiny, run_dir, final_weights,
     assert [r["step"] for r in records if "val/acc" in r] == [3, 6]  # 192 samples / (2 x 32) per step
     assert [r["val/samples"] for r in records if "val/samples" in r] == [101, 101]
     assert distance(reference, final_weights(run_dir)) < other_batches / 20
+    if strategy == "fsdp":  # sharded checkpoints: each process wrote its own shards of the step-2 one
+        written = {p.name.split("_")[2] for p in list_checkpoints(run_dir / "checkpoints")[0].glob("__*.distcp")}
+        assert written == {"0", "1"}
 
     for later in list_checkpoints(run_dir / "checkpoints")[1:]:
-        later.unlink()  # as if the job died after the step-2 checkpoint, mid-epoch
+        shutil.rmtree(later) if later.is_dir() else later.unlink()  # as if the job died after step 2, mid-epoch
     assert main([*tiny, *EXACT, "data.batch_size=64"]) == 0
     assert distance(reference, final_weights(run_dir)) < other_batches / 20
 

@@ -29,3 +29,6 @@ BAD_CONFIGS = [
     (["model.norm=group", "model.name=vit_b_16"], "model.norm=group works with ResNets only"),
     (["data.name=imagefolder", "data.root=/nonexistent"], "has no train/ folder"),
 ]
+# Settings under which N processes x batch b train like 1 process x batch N x b (GroupNorm: BatchNorm
+# statistics depend on the per-process batch).
+BATCH_INDEPENDENT = ["model.norm=group"]

@@ -1,9 +1,12 @@
 """Checkpoints: complete training state, written atomically, verified, loaded with weights_only=True.
 
-A checkpoint is checkpoints/step_<N>.pt. It is written under a temporary name, checked against the
-CRC-32 of every record, fsynced and renamed, so a crash mid-save leaves the previous checkpoints
+A checkpoint is checkpoints/step_<N>.pt (trainer.checkpoint_format=full: one file, gathered on the
+main process) or the directory checkpoints/step_<N>/ (sharded: every process writes its own
+shards, see sharded.py). Either is written under a temporary name, checked against the CRC-32 of
+every record or file, fsynced and renamed, so a crash mid-save leaves the previous checkpoints
 untouched and never a half-written newest one. Loading checks the CRCs again, so a file damaged
-on disk later is reported as corrupt instead of loading wrong numbers.
+on disk later is reported as corrupt instead of loading wrong numbers. Listing, pruning, resume
+and setting aside treat both formats alike.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import os
 import pickle
 import random
 import re
+import shutil
 import zipfile
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -23,13 +27,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from . import distributed
+from . import distributed, sharded
 from .config import Config
 from .errors import CheckpointError, OutputError, why_not_written, write_failure
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_NAME = re.compile(r"^step_(\d+)\.pt$")
+CHECKPOINT_NAME = re.compile(r"^step_(\d+)(\.pt)?$")  # a file step_N.pt or a sharded directory step_N
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
 
 
@@ -104,10 +108,18 @@ def save_checkpoint(directory: Path, state: dict, step: int, keep_last: int) -> 
     """
     path = Path(directory) / f"step_{step:08d}.pt"
     atomic_write(path, lambda tmp: torch.save(state, tmp), check=verify)
+    prune(directory, step, keep_last)
+    return path
+
+
+def prune(directory: Path, step: int, keep_last: int) -> None:
+    """Delete the oldest checkpoints (files or sharded directories) before step, leaving keep_last in all."""
     older = [p for p in list_checkpoints(directory) if step_of(p) < step]
     for old in older[: max(0, len(older) - (keep_last - 1))]:
-        old.unlink(missing_ok=True)
-    return path
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
 
 
 def unique_aside(path: Path, suffix: str) -> Path:
@@ -129,11 +141,14 @@ def move_aside(paths: list[Path], suffix: str, why: str) -> None:
 
 
 def remove_stale_temporaries(directory: Path) -> None:
-    """Delete temporary files a killed save left behind (never a finished checkpoint)."""
+    """Delete temporary files and directories a killed save left behind (never a finished checkpoint)."""
     directory = Path(directory)
     if directory.is_dir():
-        for tmp in directory.glob(".step_*.tmp-*"):
-            tmp.unlink(missing_ok=True)
+        for tmp in directory.glob(".step_*.tmp*"):
+            if tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
 
 
 def list_checkpoints(directory: Path) -> list[Path]:
@@ -141,13 +156,32 @@ def list_checkpoints(directory: Path) -> list[Path]:
     directory = Path(directory)
     if not directory.is_dir():
         return []
-    found = [p for p in directory.iterdir() if CHECKPOINT_NAME.match(p.name)]
+    found = [p for p in directory.iterdir() if CHECKPOINT_NAME.match(p.name) and p.is_dir() != p.name.endswith(".pt")]
     return sorted(found, key=step_of)
 
 
-def load_checkpoint(path: Path, map_location="cpu") -> dict:
-    """Load a checkpoint with weights_only=True: tensors and plain types only, never arbitrary code."""
+def load_checkpoint(path: Path, map_location="cpu", rank: int = 0, world_size: int = 1) -> dict:
+    """Load a checkpoint with weights_only=True: tensors and plain types only, never arbitrary code.
+
+    A sharded checkpoint's files are verified (this process's share of them when rank and
+    world_size say so) and its "model" entry is a sharded.ShardedWeights: the tensors are read
+    later, each process the parts it needs.
+    """
+    path = Path(path)
+    if sharded.is_sharded(path):
+        sharded.verify(path, rank, world_size)
+        state = _torch_load(path / sharded.TRAIN_STATE, map_location)
+        if not isinstance(state, dict) or "progress" not in state:
+            raise CheckpointError(f"{path}: not a training checkpoint of this project (no progress entry)")
+        return {**state, "model": sharded.ShardedWeights(path)}
     verify(path)
+    state = _torch_load(path, map_location)
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"{path}: not a training checkpoint of this project (no 'model' entry)")
+    return state
+
+
+def _torch_load(path: Path, map_location):
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
@@ -159,8 +193,14 @@ def load_checkpoint(path: Path, map_location="cpu") -> dict:
     except (RuntimeError, EOFError, OSError, ValueError) as err:
         reason = str(err).strip().splitlines()[0]
         raise CheckpointError(f"{path}: unreadable, truncated or corrupt ({reason})") from None
-    if not isinstance(state, dict) or "model" not in state:
-        raise CheckpointError(f"{path}: not a training checkpoint of this project (no 'model' entry)")
+    return state
+
+
+def in_full(state: dict) -> dict:
+    """A loaded checkpoint with its model and optimizer state as whole tensors, whatever its format
+    (a sharded one is read into this process's memory: for one-process tools and tests)."""
+    if isinstance(state.get("model"), sharded.ShardedWeights):
+        return {**state, **sharded.read_in_full(state["model"].path)}
     return state
 
 
@@ -252,23 +292,37 @@ def resume_state(cfg: Config, checkpoints: Path, is_main: bool) -> tuple[Path, d
     if cfg.trainer.resume == "never":
         return None
     if cfg.trainer.resume != "auto":
-        return Path(cfg.trainer.resume), load_checkpoint(Path(cfg.trainer.resume))
-    found, choice = None, ("none", "")
-    if is_main:
-        try:
-            found = latest_checkpoint(checkpoints)
-            choice = ("path", str(found[0])) if found else ("none", "")
-            if found is None and list_checkpoints(checkpoints):
-                choice = ("error", f"{checkpoints}: checkpoints exist but none loads; refusing to restart from "
-                          "step 0 (move them away or set trainer.resume=never)")  # fmt: skip
-        except CheckpointError as err:
-            choice = ("error", str(err))
-    kind, value = distributed.broadcast_object(choice)
-    if kind == "error":
-        raise CheckpointError(value)
-    if kind == "none":
-        return None
-    return found or (Path(value), load_checkpoint(Path(value)))
+        path = Path(cfg.trainer.resume)
+        state, error = _load_on_every_rank(path)
+        if error:
+            raise CheckpointError(error)
+        return path, state
+    candidates = distributed.broadcast_object([str(p) for p in list_checkpoints(checkpoints)] if is_main else None)
+    for name in reversed(candidates):  # newest first
+        state, error = _load_on_every_rank(Path(name))
+        if not error:
+            return Path(name), state
+        if is_main:
+            log.warning("skipping checkpoint: %s", error)
+    if candidates:
+        raise CheckpointError(
+            f"{checkpoints}: checkpoints exist but none loads; refusing to restart from step 0 "
+            "(move them away or set trainer.resume=never)"
+        )
+    return None
+
+
+def _load_on_every_rank(path: Path) -> tuple[dict | None, str | None]:
+    """(state, None) when the checkpoint loads on every process, else (None, the first error).
+
+    Each process checks its share of a sharded checkpoint's files, so reading them is parallel."""
+    state, error = None, None
+    try:
+        state = load_checkpoint(path, rank=distributed.rank(), world_size=distributed.world_size())
+    except CheckpointError as err:
+        error = str(err)
+    errors = [e for e in distributed.all_gather_object(error) if e]
+    return (None, errors[0]) if errors else (state, None)
 
 
 def set_aside_later_checkpoints(checkpoints: Path, start_step: int, resume: str) -> None:

@@ -88,6 +88,12 @@ class TrainerConfig:
     every epoch and of training."""
     detect_anomaly: bool = False
     """Autograd anomaly detection: a NaN names the operation that made it (slow; for debugging only)."""
+    checkpoint_format: str = "auto"
+    """sharded (a directory checkpoints/step_N/: every process writes its own shards in parallel, no full
+    gather), full (one file checkpoints/step_N.pt gathered on the main process) or auto (sharded under
+    FSDP, full otherwise). Either format resumes on any number of processes."""
+    async_checkpoint: bool = False
+    """Write checkpoints in the background while training goes on (at most one in flight; sharded only)."""
 
 
 @dataclass
@@ -116,6 +122,9 @@ class DistributedConfig:
     """Seconds a collective may wait before the job fails, so a dead peer cannot hang it."""
     sync_batchnorm: bool = False
     """BatchNorm statistics over the global batch (torch's SyncBatchNorm needs CUDA)."""
+    replicate_degree: int = 1
+    """FSDP only: HSDP, sharding within groups of world_size / replicate_degree processes (one node, say)
+    and replicating across replicate_degree groups; 1 is plain FSDP."""
 
 
 @dataclass
@@ -135,6 +144,7 @@ CHOICES = {
     "tracker.name": ("none", "wandb", "tensorboard"),
     "distributed.strategy": ("auto", "none", "ddp", "fsdp"),
     "distributed.backend": ("auto", "nccl", "gloo"),
+    "trainer.checkpoint_format": ("auto", "sharded", "full"),
     **task_config.CHOICES,
 }
 MAX_WORKERS = 256  # DataLoader worker processes per training process
@@ -147,6 +157,7 @@ AT_LEAST_ONE = (
     "trainer.keep_last",
     "trainer.log_every",
     "distributed.timeout_s",
+    "distributed.replicate_degree",
 )
 
 
@@ -273,7 +284,11 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"optim.min_lr_ratio={cfg.optim.min_lr_ratio} must be between 0 and 1")
     if cfg.trainer.grad_clip < 0:
         raise ConfigError("trainer.grad_clip must be >= 0 (0 turns clipping off)")
-    if cfg.trainer.resume not in ("auto", "never") and not Path(cfg.trainer.resume).is_file():
+    if cfg.trainer.async_checkpoint and cfg.trainer.checkpoint_format == "full":
+        raise ConfigError(
+            "trainer.async_checkpoint=true writes sharded checkpoints; set trainer.checkpoint_format=sharded or auto"
+        )
+    if cfg.trainer.resume not in ("auto", "never") and not Path(cfg.trainer.resume).exists():
         raise ConfigError(f"trainer.resume={cfg.trainer.resume!r}: no such file; use auto, never or a checkpoint path")
 
     cuda = torch.cuda.is_available()

@@ -26,6 +26,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from . import recompute
 from .config import Config, ConfigError
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,16 @@ def is_main() -> bool:
     return not joined() or dist.get_rank() == 0
 
 
+def rank() -> int:
+    """This process's rank (0 without a process group)."""
+    return dist.get_rank() if joined() else 0
+
+
+def world_size() -> int:
+    """The number of processes (1 without a process group)."""
+    return dist.get_world_size() if joined() else 1
+
+
 def joined() -> bool:
     """Whether this process is part of a process group (False for one process without a launcher)."""
     return dist.is_available() and dist.is_initialized()
@@ -174,6 +185,39 @@ def resolve_strategy(cfg: Config) -> str:
     return "fsdp" if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" else "ddp"
 
 
+def build_model(task, cfg: Config, env: DistEnv) -> nn.Module:
+    """The task's model on this process's device, ready to train: FSDP2 (built on the meta device
+    and sharded before any weight exists, model_init.py), DDP, or as it is for one process.
+
+    model.activation_checkpointing makes each block recompute its activations in backward."""
+    strategy = resolve_strategy(cfg)
+    replicate = cfg.distributed.replicate_degree
+    if replicate > 1 and (strategy != "fsdp" or env.world_size % replicate):
+        raise ConfigError(
+            f"distributed.replicate_degree={replicate} needs distributed.strategy=fsdp and a number of processes "
+            f"it divides (HSDP; {env.world_size} processes here)"
+        )
+    if joined() and strategy == "fsdp":
+        check_fsdp(cfg)
+        shard = functools.partial(
+            shard_model, env=env, precision=cfg.trainer.precision, replicate=replicate,
+            recompute_activations=cfg.model.activation_checkpointing,
+        )  # fmt: skip
+        return task.build_model(env.device, shard)
+    model = task.build_model(env.device)
+    if cfg.model.activation_checkpointing:
+        recompute.enable(model)
+    return wrap_model(model, cfg, env)
+
+
+def check_fsdp(cfg: Config) -> None:
+    """Settings FSDP cannot honour."""
+    if cfg.trainer.precision == "fp16":
+        raise ConfigError("distributed.strategy=fsdp supports trainer.precision=bf16 or fp32, not fp16")
+    if cfg.distributed.sync_batchnorm:
+        raise ConfigError("distributed.sync_batchnorm=true needs distributed.strategy=ddp (FSDP shares rank 0's)")
+
+
 def wrap_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
     """DDP or FSDP2 (fully_shard per block, then the root) when more than one process trains."""
     strategy = resolve_strategy(cfg)
@@ -184,12 +228,8 @@ def wrap_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
             f"distributed.strategy=none with {env.world_size} processes would train independent models; use ddp"
         )
     if strategy == "fsdp":
-        if cfg.trainer.precision == "fp16":
-            raise ConfigError("distributed.strategy=fsdp supports trainer.precision=bf16 or fp32, not fp16")
-        if cfg.distributed.sync_batchnorm:
-            raise ConfigError("distributed.sync_batchnorm=true needs distributed.strategy=ddp (FSDP shares rank 0's)")
-        log.info("FSDP2 over %d processes", env.world_size)
-        return shard_model(model, env, cfg.trainer.precision)
+        check_fsdp(cfg)
+        return shard_model(model, env, cfg.trainer.precision, cfg.distributed.replicate_degree)
     if cfg.distributed.sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     log.info("DDP over %d processes", env.world_size)
@@ -197,11 +237,24 @@ def wrap_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
     return DistributedDataParallel(model, device_ids=device_ids)
 
 
-def shard_model(model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
-    """FSDP2: shard every block of every nn.Sequential or nn.ModuleList stage (ResNet stages,
-    transformer blocks), then the root module."""
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
+def shard_model(
+    model: nn.Module, env: DistEnv, precision: str, replicate: int = 1, recompute_activations: bool = False
+) -> nn.Module:
+    """FSDP2: shard every block (recompute.blocks: ResNet blocks, transformer blocks), then the root.
+
+    replicate > 1 is HSDP: a 2-D mesh that shards within groups of world_size / replicate
+    processes and replicates across the replicate groups. recompute_activations: activation
+    checkpointing per block, set up before the blocks are sharded."""
+    if replicate > 1:
+        shape = (replicate, env.world_size // replicate)
+        mesh = init_device_mesh(env.device.type, shape, mesh_dim_names=("replicate", "shard"))
+        log.info("HSDP over %d processes: %d replicas, each sharded over %d", env.world_size, *shape)
+    else:
+        mesh = init_device_mesh(env.device.type, (env.world_size,))
+        log.info("FSDP2 over %d processes", env.world_size)
     _meshes.append(mesh)
+    if recompute_activations:
+        recompute.enable(model)
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" else None
     )
@@ -213,14 +266,8 @@ def shard_model(model: nn.Module, env: DistEnv, precision: str) -> nn.Module:
         fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
         for norm in [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]:
             fully_shard(norm, mesh=mesh, mp_policy=fp32)
-    sharded: list[str] = []
-    for name, stage in model.named_modules():
-        if not isinstance(stage, nn.Sequential | nn.ModuleList) or any(name.startswith(f"{done}.") for done in sharded):
-            continue  # not a stage, or inside a block already sharded (e.g. a ResNet downsample)
-        for child, block in stage.named_children():
-            if any(True for _ in block.parameters()):
-                fully_shard(block, **options)
-                sharded.append(f"{name}.{child}")
+    for _, block in recompute.blocks(model):
+        fully_shard(block, **options)
     fully_shard(model, **options)
     return model
 

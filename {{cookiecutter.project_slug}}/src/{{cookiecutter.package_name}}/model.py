@@ -5,6 +5,8 @@ Parallelism (DDP/FSDP) is applied in distributed.py, never here.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torchvision
 from torch import nn
@@ -21,6 +23,41 @@ def group_norm(channels: int) -> nn.GroupNorm:
 
 def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
     """A torchvision classifier with num_classes outputs, optionally from local weights and frozen."""
+    model = architecture(cfg, num_classes)
+    if cfg.pretrained:
+        load_pretrained(model, cfg.pretrained)
+    if cfg.freeze_backbone:
+        freeze_backbone(model)
+    return model
+
+
+# The modules init_module initialises; a model with parameters in any other kind of module (a
+# ViT's class token, say) keeps torchvision's own initialisation and is built whole.
+INIT_TYPES = (nn.Conv2d, nn.Linear, nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
+
+
+def init_module(name: str, module: nn.Module, generator: torch.Generator) -> None:
+    """torchvision's initialisation of its CNNs, drawn from generator: convolutions He-normal (fan
+    out), norms weight 1 and bias 0 with fresh statistics, linear layers torch's default uniform."""
+    if isinstance(module, nn.Conv2d):
+        nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu", generator=generator)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Linear):
+        nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=generator)
+        if module.bias is not None:
+            bound = 1 / math.sqrt(module.in_features)
+            nn.init.uniform_(module.bias, -bound, bound, generator=generator)
+    else:  # BatchNorm, GroupNorm, LayerNorm
+        if getattr(module, "weight", None) is not None:
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.reset_running_stats()
+
+
+def architecture(cfg: ModelConfig, num_classes: int) -> nn.Module:
+    """The classifier's layers, with torchvision's initialisation (on the meta device: shapes only)."""
     kwargs = {"num_classes": num_classes}
     if cfg.norm == "group":
         kwargs["norm_layer"] = group_norm
@@ -34,10 +71,6 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
     if cfg.small_input and isinstance(model, torchvision.models.ResNet):
         # 32x32 images: a 3x3 stride-1 stem keeps 4x more spatial detail than the 7x7 stride-2 one.
         model.conv1 = nn.Conv2d(3, model.conv1.out_channels, 3, stride=1, padding=1, bias=False)
-    if cfg.pretrained:
-        load_pretrained(model, cfg.pretrained)
-    if cfg.freeze_backbone:
-        freeze_backbone(model)
     return model
 
 

@@ -17,6 +17,7 @@ from torch import nn
 from .checkpoint import latest_checkpoint, load_checkpoint, strip_prefixes
 from .config import Config, load_config, parse_args
 from .errors import CheckpointError, ConfigError
+from .sharded import ShardedWeights, load_weights_into
 from .task_config import FROM_CHECKPOINT, INFERENCE_ONLY
 
 
@@ -94,7 +95,7 @@ def _output_dir_given(files: list[str], overrides: list[str]) -> bool:
 
 
 def beside(checkpoint: Path) -> Path:
-    """Where --checkpoint PATH alone writes: the run directory for a run's checkpoints/step_N.pt
+    """Where --checkpoint PATH alone writes: the run directory for a run's checkpoints/step_N(.pt)
     (where train wrote metrics.jsonl and where evaluate would write given run.output_dir), else
     the checkpoint's own folder."""
     folder = checkpoint.parent
@@ -107,8 +108,13 @@ def trained_step(state: dict) -> int | None:
     return progress.get("step") if isinstance(progress, dict) else None
 
 
-def load_model_weights(model: nn.Module, weights: dict, source: Path) -> None:
-    """Load weights saved by any wrapper (DDP, compile) into a plain model, naming the file on mismatch."""
+def load_model_weights(model: nn.Module, weights: dict | ShardedWeights, source: Path) -> None:
+    """Load weights saved by any wrapper (DDP, compile) into a plain model, naming the file on mismatch.
+
+    A sharded checkpoint's weights are read from its shards, without its optimizer state."""
+    if isinstance(weights, ShardedWeights):
+        load_weights_into(model, weights.path)
+        return
     try:
         model.load_state_dict(strip_prefixes(weights))
     except RuntimeError as err:

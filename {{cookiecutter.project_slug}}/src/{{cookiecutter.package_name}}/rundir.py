@@ -41,6 +41,7 @@ RESUME_MAY_CHANGE = (
     "data.num_workers",
     "model.pretrained",  # the initial weights only: a resumed run takes its weights from the checkpoint
     "model.compile",
+    "model.activation_checkpointing",  # recomputes the same activations
     "model.channels_last",
     "trainer.max_epochs",
     "trainer.max_steps",
@@ -50,7 +51,10 @@ RESUME_MAY_CHANGE = (
     "trainer.log_every",
     "trainer.detect_anomaly",
     "trainer.override_optim",
+    "trainer.checkpoint_format",  # both formats resume on any layout
+    "trainer.async_checkpoint",
     "distributed.strategy",
+    "distributed.replicate_degree",
     "distributed.backend",
     "distributed.timeout_s",
     "tracker.*",

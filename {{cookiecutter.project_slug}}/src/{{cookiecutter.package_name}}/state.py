@@ -22,6 +22,7 @@ from .metrics import SampleMean
 from .optim import REMEDIES, Diverged, apply_optim_config, check_finite, refresh_learning_rate
 from .restore import mismatch
 from .rundir import check_resume_changes, config_changes
+from .sharded import ShardedSaver, ShardedWeights, load_training_state, sharded_state
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class TrainState:
     progress: Progress = field(default_factory=Progress)
     running: SampleMean = field(default_factory=SampleMean)  # train/loss since the last log line
     nonfinite: list[torch.Tensor] = field(default_factory=list)
+    saver: ShardedSaver | None = None  # trainer.checkpoint_format=sharded: writes checkpoints/step_N/
 
     def check_updates(self) -> None:
         """At log and save time only (a host sync): stop if any update was non-finite (fp16: count it)."""
@@ -89,14 +91,16 @@ class TrainState:
             raise Diverged(f"the gradient norm is not finite at step {bad[0]} (that update was skipped; nothing "
                            f"non-finite was saved); {REMEDIES}")  # fmt: skip
 
-    def state_dict(self, config: dict) -> dict | None:
+    def state_dict(self, config: dict, tensors: bool = True) -> dict | None:
         """The checkpoint: full (unsharded) tensors on the main process, None on the others.
 
         Every rank must call it: FSDP gathers the shards, and each rank's RNG and loader state is
-        gathered too, so a run saved by N processes resumes on M.
+        gathered too, so a run saved by N processes resumes on M. With tensors=False, everything
+        but the model and optimizer (what a sharded checkpoint keeps beside its shards).
         """
-        weights = distributed.full_model_state(self.model)
-        optim_state = distributed.full_optimizer_state(self.model, self.optimizer)
+        if tensors:
+            weights = distributed.full_model_state(self.model)
+            optim_state = distributed.full_optimizer_state(self.model, self.optimizer)
         mine = {
             "rng": rng_state(),
             "loader": self.loader_generator.get_state(),
@@ -105,16 +109,15 @@ class TrainState:
         per_rank = distributed.all_gather_object(mine)
         if not distributed.is_main():
             return None
-        return {
+        state = {
             "format": FORMAT_VERSION,
-            "model": weights,
-            "optimizer": optim_state,
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
             "progress": self.progress.state_dict(),
             "ranks": per_rank,
             "config": config,
         }
+        return {**state, "model": weights, "optimizer": optim_state} if tensors else state
 
     def load_state_dict(self, state: dict, path: Path, rank: int, world_size: int) -> None:
         """Restore what state_dict() returned; a rank the checkpoint did not have keeps its fresh seed."""
@@ -125,7 +128,10 @@ class TrainState:
             )
         self.progress.load_state_dict(state["progress"])
         try:
-            distributed.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+            if isinstance(state["model"], ShardedWeights):  # each process reads the parts it holds
+                load_training_state(self.model, self.optimizer, state["model"].path)
+            else:
+                distributed.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
             self.scaler.load_state_dict(state["scaler"])
         except (RuntimeError, KeyError, ValueError) as err:
@@ -137,11 +143,26 @@ class TrainState:
             if len(state["ranks"]) == world_size and "running" in mine:
                 self.running.load_state_dict(mine["running"], self.device)
 
-    def save(self, checkpoints: Path, cfg: Config) -> None:
-        """Write a verified checkpoint of this step (every rank calls it); all ranks learn the outcome."""
+    def save(self, checkpoints: Path, cfg: Config, wait: bool = False) -> None:
+        """Write a verified checkpoint of this step (every rank calls it); all ranks learn the outcome.
+
+        Sharded and asynchronous: returns once the state is copied, and the write goes on (see
+        poll_save); wait=True (preemption, the end of training) returns once it is committed.
+        """
         self.check_updates()  # never checkpoint a state that went non-finite
         if self.running.count:  # the same on every rank: all check, or none does
             check_finite("train/loss", self.running.global_mean(), self.progress.step, cfg.trainer.precision)
+        if self.saver is not None:
+            self.saver.start(
+                checkpoints,
+                self.progress.step,
+                sharded_state(self.model, self.optimizer),
+                self.state_dict(to_dict(cfg), tensors=False),
+                cfg.trainer.keep_last,
+            )
+            if wait:
+                self.saver.finish()
+            return
         state = self.state_dict(to_dict(cfg))
         error = None
         if state is not None:
@@ -155,6 +176,22 @@ class TrainState:
         error = distributed.broadcast_object(error)  # it counts once written and verified; all ranks learn it
         if error:
             raise OutputError(error)
+
+    def poll_save(self) -> None:
+        """Every step (cheap): commit an asynchronous save once every rank has written it."""
+        if self.saver is not None:
+            self.saver.poll()
+
+    def finish_saves(self, failed: bool = False) -> None:
+        """Before the run ends: wait for a save in flight and commit it (failed=True: without a
+        collective, committing only what every rank already wrote)."""
+        if self.saver is None:
+            return
+        if failed:
+            self.saver.abandon()
+        else:
+            self.saver.finish()
+        self.saver.close()
 
     def resume(self, path: Path, state: dict, cfg: Config, env, global_batch: int) -> None:
         """Continue from a checkpoint: refuse config changes it cannot honour, then restore everything."""
@@ -179,6 +216,14 @@ class TrainState:
         elif {"trainer.max_epochs", "trainer.max_steps"} & set(changed):
             refresh_learning_rate(self.scheduler)  # the schedule now ends where the new config says
         log.info("resumed from %s at step %d, epoch %d", path, self.progress.step, self.progress.epoch)
+
+
+def checkpoint_format(cfg: Config) -> str:
+    """trainer.checkpoint_format, with auto meaning sharded under FSDP or for asynchronous saves."""
+    if cfg.trainer.checkpoint_format != "auto":
+        return cfg.trainer.checkpoint_format
+    fsdp = distributed.resolve_strategy(cfg) == "fsdp" and distributed.joined()
+    return "sharded" if fsdp or cfg.trainer.async_checkpoint else "full"
 
 
 def check_resumable(progress: Progress, global_batch: int, path: Path) -> None:

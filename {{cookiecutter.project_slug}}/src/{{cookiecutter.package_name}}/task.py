@@ -3,7 +3,7 @@ state.py, step.py, evaluate.py, export.py) knows the task only through these nam
 
     task = Task(cfg, device)
     train_set, val_set = task.datasets()        # also learns what the model needs (num_classes)
-    model = task.build_model(device)            # on that device in the training memory format
+    model = task.build_model(device, shard)     # on that device, initialised from run.seed; shard: FSDP
     loss, samples = task.loss(model, batch)     # one micro-batch: to the device, forward, loss
     metrics = task.validate(model, loader)      # exact over every process; Task.MONITOR among them
     text = task.summary(metrics)                # the log line after a validation
@@ -18,13 +18,16 @@ validation.py are this task's own building blocks.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from . import model_init
 from .config import Config
 from .data import DeviceImages, SeededAugmentation, build_datasets
-from .model import build_model, classification_loss
+from .model import INIT_TYPES, architecture, build_model, classification_loss, init_module
 from .validation import evaluate_model
 
 
@@ -46,10 +49,23 @@ class Task:
         train_set, val_set, self.num_classes = build_datasets(self.cfg.data)
         return SeededAugmentation(train_set, self.cfg.run.seed, augment=self.cfg.data.augment), val_set
 
-    def build_model(self, device: torch.device | None = None) -> nn.Module:
-        """The classifier for the data's classes: on `device` in the training memory format, or as built."""
-        model = build_model(self.cfg.model, self.num_classes)
-        return model if device is None else model.to(device, memory_format=self.inputs.memory_format)
+    def build_model(self, device: torch.device | None = None, shard: Callable | None = None) -> nn.Module:
+        """The classifier for the data's classes on `device` (default CPU) in the training memory
+        format, initialised from run.seed; shard(model) (FSDP) is applied on the meta device, before
+        any weight exists (model_init.py). Pretrained weights load into the whole model first."""
+        device = device or torch.device("cpu")
+        if self.cfg.model.pretrained:
+            model = build_model(self.cfg.model, self.num_classes).to(device, memory_format=self.inputs.memory_format)
+            return shard(model) if shard else model
+        model, _ = model_init.build(
+            lambda: architecture(self.cfg.model, self.num_classes).to(memory_format=self.inputs.memory_format),
+            init_module,
+            INIT_TYPES,
+            device,
+            self.cfg.run.seed,
+            shard,
+        )
+        return model
 
     def loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, int]:
         """Mean cross-entropy of one micro-batch and its number of samples."""

@@ -54,6 +54,9 @@ class ModelConfig:
     """Train only the classifier head (needs model.pretrained); frozen BatchNorm stays in eval mode."""
     compile: bool = False
     """torch.compile the model (the first steps are slow while it compiles)."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of keeping them: less memory, about a third
+    more compute per step (ResNet blocks)."""
     channels_last: bool = False
     """channels_last memory format for model and inputs (faster convolutions on recent GPUs)."""
 

@@ -36,12 +36,14 @@ from . import distributed
 from .checkpoint import remove_stale_temporaries, resume_state
 from .config import Config, ConfigError, load_config, parse_args, to_dict
 from .errors import PREEMPTED_EXIT, RUNTIME_FAILURE, Preempted, exit_status, report
+from .launcher import check_accelerate_fsdp
 from .loaders import build_train_loader, build_val_loader, shut_down_workers
 from .metrics import MetricsLogger, PerfMeter
 from .optim import build_optimizer, check_finite, warmup_cosine
 from .preemption import StopRequest
 from .rundir import claim_output_dir, save_best, start_in_output_dir
-from .state import TrainState
+from .sharded import ShardedSaver
+from .state import TrainState, checkpoint_format
 from .step import StepResult, train_mode, train_step
 from .task import Task
 
@@ -108,10 +110,9 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
         global_micro * accum, cfg.data.batch_size, env.world_size, accum, total_steps,
     )  # fmt: skip
 
-    # Model on its device first, then the wrappers, then the optimizer over its parameters.
-    model = task.build_model(env.device)
+    # Model on its device (under FSDP built sharded), wrapped, then the optimizer over its parameters.
+    model = distributed.build_model(task, cfg, env)
     seed_everything(cfg.run.seed + env.rank)  # per-rank streams (e.g. dropout); augmentation is seeded per sample
-    model = distributed.wrap_model(model, cfg, env)
     if cfg.model.compile:
         model = torch.compile(model)
     optimizer = build_optimizer(model, cfg.optim)
@@ -125,6 +126,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
         scaler=torch.amp.GradScaler(env.device.type, enabled=tcfg.precision == "fp16"),  # fp16 only
         loader_generator=train_loader.generator,
         device=env.device,
+        saver=ShardedSaver(tcfg.async_checkpoint) if checkpoint_format(cfg) == "sharded" else None,
     )
     progress = state.progress
 
@@ -150,6 +152,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
 
     val: dict = {}
     perf = PerfMeter(env.device, env.world_size)
+    finished = False
     try:
         while progress.epoch < tcfg.max_epochs and progress.step < total_steps:
             train_mode(model)
@@ -167,6 +170,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
             for _ in range(left // accum):
                 result = train_step(state, itertools.islice(batches, accum), task.loss, tcfg, global_micro)
                 perf.samples, perf.steps = perf.samples + result.samples, perf.steps + 1
+                state.poll_save()  # an asynchronous save is committed once every rank wrote it
                 if progress.step % tcfg.log_every == 0:
                     train_loss = log_training(state, result, perf, logger, task)
                     bar.set_postfix(loss=f"{train_loss:.4f}")
@@ -179,7 +183,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                     train_mode(model)
                 if stopping or (progress.step % tcfg.checkpoint_every == 0 and not ends_loop):
                     with perf.excluded():
-                        state.save(checkpoints, cfg)
+                        state.save(checkpoints, cfg, wait=stopping)
                 if stopping:
                     raise Preempted(
                         f"stopped by {stop.signal.name if stop.signal else 'a signal to another process'} "
@@ -192,10 +196,14 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                 progress.epoch, progress.samples_done = progress.epoch + 1, 0
             val = validate()
             with perf.excluded():
-                state.save(checkpoints, cfg)
+                state.save(checkpoints, cfg, wait=progress.step >= total_steps)
         if not val:  # resumed a finished run: report its metrics again
             val = task.validate(distributed.without_ddp(model), val_loader)
+        state.finish_saves()
+        finished = True
     finally:
+        if not finished:
+            state.finish_saves(failed=True)  # a checkpoint every rank wrote still counts
         logger.close()
         shut_down_workers(train_loader, val_loader)
     return {**val, BEST_KEY: progress.best, "step": progress.step, "epoch": progress.epoch}
@@ -243,7 +251,9 @@ def _main(argv: list[str]) -> int:
     """The command line: parse, train, and turn the expected failures into a message and an exit status."""
     try:
         files, overrides = parse_args(argv, f"{__package__}.train")
-        cfg = load_config(files, overrides)
+        # accelerate launch's FSDP options, as keys between the --config files and the command line's.
+        honoured = [f"{key}={str(value).lower()}" for key, value in check_accelerate_fsdp().items()]
+        cfg = load_config(files, [*honoured, *overrides])
         result = train(cfg)
     except torch.OutOfMemoryError:
         print(f"error: {out_of_memory_advice(cfg.data.batch_size, cfg.trainer.grad_accum_steps)}", file=sys.stderr)

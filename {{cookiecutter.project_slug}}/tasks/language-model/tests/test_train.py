@@ -4,6 +4,7 @@ is counted once, and evaluate, export and generate work from a checkpoint."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -103,9 +104,12 @@ def test_two_processes_match_one_and_resume_on_one(tiny, run_dir, final_weights,
     torchrun(2, [*tiny, *settings, "data.batch_size=4", f"distributed.strategy={strategy}"])
     assert [r["val/tokens"] for r in vals(run_dir)] == [999]  # 48 windows / (2 x 4) = 6 steps: one epoch
     assert distance(reference, final_weights(run_dir)) < other_batches / 20
+    if strategy == "fsdp":  # sharded checkpoints: each process wrote its own shards of the step-2 one
+        written = {p.name.split("_")[2] for p in list_checkpoints(run_dir / "checkpoints")[0].glob("__*.distcp")}
+        assert written == {"0", "1"}
 
     for later in list_checkpoints(run_dir / "checkpoints")[1:]:
-        later.unlink()  # as if the job died after the step-2 checkpoint, mid-epoch
+        shutil.rmtree(later) if later.is_dir() else later.unlink()  # as if the job died after step 2, mid-epoch
     assert main([*tiny, *settings, "data.batch_size=8"]) == 0
     assert distance(reference, final_weights(run_dir)) < other_batches / 20
 

@@ -83,6 +83,10 @@ class Block(nn.Module):
         return x + self.drop(self.mlp(self.norm2(x)))
 
 
+# The modules GPT.init_module initialises: all that hold parameters.
+INIT_TYPES = (nn.Linear, nn.Embedding, nn.LayerNorm)
+
+
 class GPT(nn.Module):
     """Token ids [batch, time] (time up to seq_len) -> logits [batch, time, vocab]."""
 
@@ -115,6 +119,17 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return F.linear(self.norm(x), self.tok_emb.weight)  # tied: one matrix embeds and predicts
+
+
+def init_module(name: str, module: nn.Module, generator: torch.Generator, n_layer: int) -> None:
+    """GPT.reset_parameters' rule for one module, drawn from generator (model_init.py builds the
+    model on the meta device and initialises it module by module, sharded or whole)."""
+    if isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+        return
+    std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("attn.proj", "mlp.2")) else 0.02
+    nn.init.normal_(module.weight, mean=0.0, std=std, generator=generator)
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, seq_len: int) -> GPT:

@@ -3,7 +3,7 @@ state.py, step.py, evaluate.py, export.py) knows the task only through these nam
 
     task = Task(cfg, device)
     train_set, val_set = task.datasets()        # also learns what the model needs (vocabulary size)
-    model = task.build_model(device)            # on that device
+    model = task.build_model(device, shard)     # on that device, initialised from run.seed; shard: FSDP
     loss, samples = task.loss(model, batch)     # one micro-batch: to the device, forward, loss
     metrics = task.validate(model, loader)      # exact over every process; Task.MONITOR among them
     text = task.summary(metrics)                # the log line after a validation
@@ -18,13 +18,17 @@ generate.py its own commands.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from . import model_init
 from .config import Config
 from .data import TokenData, build_datasets
-from .model import build_model, lm_loss
+from .model import GPT, INIT_TYPES, GPTShape, init_module, lm_loss
 from .validation import evaluate_model
 
 
@@ -44,10 +48,20 @@ class Task:
         train_set, val_set, self.data = build_datasets(self.cfg.data, seed=self.cfg.run.seed)
         return train_set, val_set
 
-    def build_model(self, device: torch.device | None = None) -> nn.Module:
-        """The transformer for the data's vocabulary: on `device`, or as built (CPU)."""
-        model = build_model(self.cfg.model, self.data.vocab_size, self.cfg.data.seq_len)
-        return model if device is None else model.to(device)
+    def build_model(self, device: torch.device | None = None, shard: Callable | None = None) -> nn.Module:
+        """The transformer for the data's vocabulary on `device` (default CPU), initialised from
+        run.seed; shard(model) (FSDP) is applied on the meta device, before any weight exists
+        (model_init.py), so no process ever holds the whole model."""
+        shape = GPTShape.of(self.cfg.model, self.data.vocab_size, self.cfg.data.seq_len)
+        model, _ = model_init.build(
+            lambda: GPT(shape),
+            partial(init_module, n_layer=shape.n_layer),
+            INIT_TYPES,
+            device or torch.device("cpu"),
+            self.cfg.run.seed,
+            shard,
+        )
+        return model
 
     def loss(self, model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Mean cross-entropy per token of one micro-batch of windows, and its number of sequences."""

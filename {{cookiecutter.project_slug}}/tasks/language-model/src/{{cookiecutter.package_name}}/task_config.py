@@ -59,6 +59,9 @@ class ModelConfig:
     """Dropout on attention weights and residual branches (0 for pretraining-size data)."""
     compile: bool = False
     """torch.compile the model (the first steps are slow while it compiles)."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of keeping them: less memory, about a third
+    more compute per step (transformer blocks)."""
 
 
 # Values a key may take, and keys that must be at least 1 (config.validate checks both).

@@ -1,0 +1,349 @@
+"""Sharded checkpoints: one directory that every process writes its own part of, in parallel.
+
+    checkpoints/step_00000200/
+        __0_0.distcp, __1_0.distcp, ...   each process's shards of the model and optimizer state
+        .metadata                         torch.distributed.checkpoint's index of what lies where
+        train_state.pt                    the rest (progress, scheduler, every rank's RNG, config)
+        manifest.json                     size and CRC-32 of every file above, written last
+
+Nothing is gathered: under FSDP each process writes the shards it holds, under DDP the replicated
+tensors are written once, split between the processes (torch.distributed.checkpoint plans it). No
+process ever holds the whole model and optimizer state, and the files are written in parallel.
+
+The directory is written as .step_N.tmp. When a process has written its files it records their
+sizes and CRC-32s in .rank<R>.json; once all are in, the main process merges them into
+manifest.json, fsyncs, and renames the directory to step_N: a save killed at any point leaves
+no step_N, and the previous checkpoints untouched. Loading checks every file against the manifest
+(each process a share of the files), so a missing, truncated or damaged shard makes the whole
+checkpoint unusable and resume falls back to the previous one.
+
+With trainer.async_checkpoint=true, dcp.async_save copies the state to host memory and writes it
+in a background thread while training goes on; at most one save is in flight, and it counts only
+once committed as above. Its collectives run on a process group of their own, so they never
+interleave with training's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import warnings
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+
+from . import distributed
+from .errors import CheckpointError, OutputError, why_not_written
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+TRAIN_STATE = "train_state.pt"
+DCP_INDEX = ".metadata"
+
+# One process without a process group is what no_dist means here, not a mistake to warn about.
+warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized")
+
+
+class ShardedWeights:
+    """What a sharded checkpoint's "model" entry holds: where to read the weights from (read lazily,
+    only the tensors a process needs: see load_weights_into and load_training_state)."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+
+def temporary_name(directory: Path, step: int) -> Path:
+    return Path(directory) / f".step_{step:08d}.tmp"
+
+
+def final_name(directory: Path, step: int) -> Path:
+    return Path(directory) / f"step_{step:08d}"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    """Write a small file under a temporary name, fsync it and rename it into place."""
+    part = path.with_name(f"{path.name}.part")
+    with open(part, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(part, path)
+
+
+def crc32_of(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def root_cause(err: BaseException) -> BaseException:
+    """The first rank's own exception inside torch.distributed.checkpoint's CheckpointException
+    (a BaseException whose text is every rank's traceback)."""
+    if isinstance(err, CheckpointException) and err.failures:
+        first = next(iter(err.failures.values()))
+        return first[0] if isinstance(first, tuple) else first
+    return err
+
+
+def _rank_record(rank: int) -> str:
+    return f".rank{rank}.json"
+
+
+def record_own_files(folder: Path, rank: int) -> None:
+    """After this process's write: the size and CRC-32 of each file it wrote, in .rank<R>.json."""
+    names = [p.name for p in folder.iterdir() if p.name.startswith(f"__{rank}_")]
+    if rank == 0:
+        names += [name for name in (DCP_INDEX, TRAIN_STATE) if (folder / name).exists()]
+    files = {name: {"bytes": (folder / name).stat().st_size, "crc32": crc32_of(folder / name)} for name in names}
+    _write_synced(folder / _rank_record(rank), json.dumps(files).encode())
+
+
+@dataclass
+class Pending:
+    """A save this process started: its write (and record) finish in `done`."""
+
+    folder: Path
+    step: int
+    keep_last: int
+    done: Future
+    committed: bool = False
+
+
+def _finished(value=None) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+class ShardedSaver:
+    """Starts sharded saves (every process), waits for them, and commits them (the main process)."""
+
+    def __init__(self, use_async: bool):
+        self.use_async = use_async
+        self.pending: Pending | None = None
+        self._group = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    def _process_group(self):
+        """A gloo group of its own for the checkpoint's collectives (made once, on every rank at once)."""
+        if self._group is None and distributed.joined():
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def start(self, directory: Path, step: int, tensors: dict, train_state: dict | None, keep_last: int) -> None:
+        """Write step's checkpoint (every rank calls it; train_state on the main process only).
+
+        Synchronous unless async: then it returns once the state is copied, and the write goes on.
+        """
+        from torch.distributed.checkpoint import FileSystemWriter, async_save, save
+
+        self.finish()  # at most one in flight
+        folder, rank = temporary_name(directory, step), distributed.rank()
+        group = self._process_group()
+        if rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)  # a save of this step that was killed
+            folder.mkdir(parents=True)
+            if train_state is not None:
+                with open(folder / TRAIN_STATE, "wb") as f:
+                    torch.save(train_state, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+        distributed.barrier()  # the folder exists before any rank writes into it
+        writer = FileSystemWriter(folder, sync_files=True)
+        if self.use_async:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+            written = async_save(tensors, storage_writer=writer, process_group=group, no_dist=group is None)
+            done = self._executor.submit(lambda: (written.result(), record_own_files(folder, rank)))
+        else:
+            try:
+                save(tensors, storage_writer=writer, process_group=group, no_dist=group is None)
+                record_own_files(folder, rank)
+                done = _finished()
+            except (Exception, CheckpointException) as err:  # handed to finish(), which every rank reaches
+                done = Future()
+                done.set_exception(root_cause(err))
+        self.pending = Pending(folder, step, keep_last, done)
+        if not self.use_async:
+            self.finish()
+
+    def poll(self) -> Path | None:
+        """Main process, every step: commit the save in flight if every rank's files are in (no
+        collective, only a few file checks once its own write is done). Returns what it committed."""
+        pending = self.pending
+        if pending is None or pending.committed or distributed.rank() != 0 or not pending.done.done():
+            return None
+        if pending.done.exception() is not None or not self._all_recorded(pending.folder):
+            return None
+        return self._commit(pending)
+
+    def finish(self) -> Path | None:
+        """Every rank: wait for the save in flight, agree that all wrote it, commit it. Raises
+        OutputError on every rank when any rank's write failed (the folder stays a .tmp, removed later)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        error = None
+        try:
+            pending.done.result()
+        except (Exception, CheckpointException) as err:
+            error = why_not_written(root_cause(err), pending.folder.parent)
+        errors = [e for e in distributed.all_gather_object(error) if e]
+        if errors:
+            raise OutputError(
+                f"could not write the step {pending.step} checkpoint in {pending.folder.parent} ({errors[0]}); "
+                "older ones are kept"
+            )
+        if distributed.rank() == 0 and not pending.committed:
+            return self._commit(pending)
+        return None
+
+    def abandon(self) -> None:
+        """After a failure elsewhere (no collective): let this rank's write end, and commit it on the
+        main process only if every rank's files are already in."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return
+        try:
+            pending.done.result()
+        except (Exception, CheckpointException):  # the failure being handled is the one to report
+            return
+        if distributed.rank() == 0 and not pending.committed and self._all_recorded(pending.folder):
+            self._commit(pending)
+
+    def _all_recorded(self, folder: Path) -> bool:
+        return all((folder / _rank_record(r)).exists() for r in range(distributed.world_size()))
+
+    def _commit(self, pending: Pending) -> Path:
+        folder = pending.folder
+        files: dict = {}
+        for r in range(distributed.world_size()):
+            files.update(json.loads((folder / _rank_record(r)).read_text()))
+        if DCP_INDEX not in files or TRAIN_STATE not in files:
+            raise CheckpointError(f"{folder}: the save did not write {DCP_INDEX} and {TRAIN_STATE}")
+        _write_synced(folder / MANIFEST, json.dumps({"step": pending.step, "files": files}, indent=1).encode())
+        for r in range(distributed.world_size()):
+            (folder / _rank_record(r)).unlink()
+        fsync_dir(folder)
+        target = final_name(folder.parent, pending.step)
+        if target.exists():  # a checkpoint of this step from a run that was set aside: keep it
+            target.rename(target.with_name(f"{target.name}.replaced-{os.getpid()}"))
+        os.replace(folder, target)
+        fsync_dir(folder.parent)
+        pending.committed = True
+        from .checkpoint import prune  # checkpoint.py imports this module
+
+        prune(folder.parent, pending.step, pending.keep_last)
+        return target
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+
+def is_sharded(path: Path) -> bool:
+    return Path(path).is_dir()
+
+
+def verify(path: Path, rank: int = 0, world_size: int = 1) -> None:
+    """Raise CheckpointError unless this process's share of the files (all for one process) match
+    the manifest's sizes and CRC-32s; a checkpoint without a manifest never finished."""
+    path = Path(path)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: incomplete, no {MANIFEST} (the save did not finish)") from None
+    except (ValueError, KeyError, TypeError, OSError) as err:
+        raise CheckpointError(f"{path}: unreadable {MANIFEST} ({err})") from None
+    for name in sorted(files)[rank::world_size]:
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{path}: corrupt, {name} is missing")
+        if file.stat().st_size != files[name]["bytes"]:
+            raise CheckpointError(
+                f"{path}: corrupt, {name} has {file.stat().st_size} bytes, not {files[name]['bytes']} (truncated?)"
+            )
+        if crc32_of(file) != files[name]["crc32"]:
+            raise CheckpointError(f"{path}: corrupt, {name} does not match its CRC-32")
+
+
+def _read_error(path: Path, err: BaseException) -> CheckpointError:
+    reason = str(err).strip().splitlines()[0][:240] if str(err).strip() else type(err).__name__
+    if "Missing key" in reason or "size" in reason.lower():
+        return CheckpointError(f"{path}: does not fit the configured model ({reason})")
+    return CheckpointError(f"{path}: cannot read its shards ({reason})")
+
+
+def load_weights_into(model: nn.Module, path: Path) -> None:
+    """Read a sharded checkpoint's weights into an unsharded model, and no optimizer state: each
+    process reads on its own (evaluate, export, generate)."""
+    from torch.distributed.checkpoint import load
+
+    weights = model.state_dict()
+    try:
+        load({"model": weights}, checkpoint_id=str(path), no_dist=True)
+    except (Exception, CheckpointException) as err:
+        raise _read_error(path, root_cause(err)) from None
+    model.load_state_dict(weights)
+
+
+def read_in_full(path: Path) -> dict:
+    """A sharded checkpoint's model and optimizer state as whole tensors, in this process's memory:
+    {"model": {name: tensor}, "optimizer": {"state": ..., "param_groups": ...}}. For one-process
+    tools and tests; training never calls it."""
+    import tempfile
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as scratch:
+        whole = Path(scratch) / "whole.pt"
+        try:
+            dcp_to_torch_save(str(path), str(whole))
+        except (Exception, CheckpointException) as err:
+            raise _read_error(path, root_cause(err)) from None
+        return torch.load(whole, map_location="cpu", weights_only=True)
+
+
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """This process's part of the model and optimizer state (FSDP: its shards), keyed by parameter
+    name, with no copy and no gather."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    weights, optim_state = get_state_dict(getattr(model, "_orig_mod", model), optimizer)
+    return {"model": weights, "optimizer": optim_state}
+
+
+def load_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """Read a sharded checkpoint into this process's model and optimizer, resharding as needed:
+    a checkpoint written by N processes loads on M, under FSDP, DDP or one process."""
+    from torch.distributed.checkpoint import load
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = sharded_state(model, optimizer)  # the optimizer's state is created (zeros) to be filled
+    try:
+        load(state, checkpoint_id=str(path), no_dist=not distributed.joined())
+    except (Exception, CheckpointException) as err:
+        raise _read_error(path, root_cause(err)) from None
+    inner = getattr(model, "_orig_mod", model)
+    set_state_dict(inner, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
