@@ -60,6 +60,7 @@ def cpu_section(results: dict) -> str:
             f"(`raw_cached`): {f['step_s/resnet18/raw_cached']:.4f} s/step on ResNet-18, "
             f"{f['faults_per_step/resnet18/raw_cached']:.0f} page faults/step.",
             *lm_lines(results),
+            *scale_lines(results),
             "",
             summary(f),
         ]
@@ -82,6 +83,34 @@ def lm_lines(results: dict) -> list[str]:
         f"s/step ({f['tokens_per_s/lm/raw']:.0f} tokens/s); generated/raw "
         f"{f['ratio/lm/generated_over_raw']:.3f}, per repetition {f[paired]:.3f} "
         f"(quartiles {f[paired + '_q1']:.3f} to {f[paired + '_q3']:.3f}).",
+    ]
+
+
+def scale_lines(results: dict) -> list[str]:
+    """The scale figures (9): memory of full vs sharded saves, async stall, meta vs eager build."""
+    f = results["figures"]
+    if "scale/share_gb" not in f:
+        return []
+    return [
+        "",
+        f"Scale (task=language-model, {f['scale/params'] / 1e6:.1f}M parameters, 2 FSDP processes, "
+        f"`bench/scale.py`): each rank's share of the state (weights and both Adam moments) "
+        f"{f['scale/share_gb']:.2f} GB. Rank 0's peak extra resident memory during a save: "
+        f"full (gathered) {f['scale/save_extra_gb/full']:.2f} GB, sharded "
+        f"{f['scale/save_extra_gb/sharded']:.3f} GB "
+        f"({f['scale/ratio/save_extra_over_share/sharded']:.3f} x its share), asynchronous "
+        f"{f['scale/save_extra_gb/async']:.2f} GB (its host buffers, made by the first save and "
+        "reused). Training blocked in save(): full "
+        f"{f['scale/save_blocked_s/full']:.2f} s, sharded "
+        f"{f['scale/save_blocked_s/sharded']:.2f} s, "
+        f"asynchronous {f['scale/save_blocked_s/async']:.2f} s (the first one "
+        f"{f['scale/save_blocked_s/async_first']:.2f} s, allocating its host buffers) "
+        f"({f['scale/ratio/async_stall_over_sync']:.2f} x the synchronous stall); median step "
+        f"{f['scale/step_s/sharded']:.2f} s ({f['scale/step_s/async']:.2f} s with asynchronous "
+        "saves). "
+        f"Each rank's peak memory while building the model: on the meta device "
+        f"{f['scale/build_peak_extra_gb/meta']:.2f} GB, whole then sharded "
+        f"{f['scale/build_peak_extra_gb/eager']:.2f} GB.",
     ]
 
 
@@ -144,4 +173,8 @@ def write_docs(
 
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
-    write_docs(json.loads((HERE / "results" / "cpu.json").read_text()))
+    cpu = json.loads((HERE / "results" / "cpu.json").read_text())
+    scale_file = HERE / "results" / "cpu_scale.json"
+    if "scale/share_gb" not in cpu["figures"] and scale_file.exists():  # from run.py --only-scale
+        cpu["figures"].update(json.loads(scale_file.read_text())["figures"])
+    write_docs(cpu)

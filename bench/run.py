@@ -1,9 +1,10 @@
 """Benchmark the generated training loop on CPU against raw PyTorch and Lightning.
 
-    python bench/run.py                 # the full run (about 30 minutes on 2 cores), `make bench`
+    python bench/run.py                 # the full run (about 35 minutes on 2 cores), `make bench`
     python bench/run.py --quick         # one short repetition of everything: a correctness check
     python bench/run.py --docs          # also rewrite the results in docs/performance.md + plot
     python bench/run.py --only-lm       # the language model's figures alone (about 4 minutes)
+    python bench/run.py --only-scale    # the scale figures (9) alone
 
 It bakes the template's defaults (and, for 8, task=language-model), then measures, each figure
 the median of --reps repetitions with the contenders alternating inside every repetition (so
@@ -28,7 +29,11 @@ drift in machine load hits all alike):
 8. the language model (a second bake, task=language-model; lm.py): steady-state seconds per
    optimizer step of its generated loop vs a minimal raw loop on the same tokens and the same GPT
    (micro preset, batch 32 x 128 tokens), paired as in 1, with tokens/s from the median step and
-   from the generated run's own log (perf/tokens_per_s), and tensor operations per step.
+   from the generated run's own log (perf/tokens_per_s), and tensor operations per step;
+9. scale (scale.py): the language model at about 302M parameters on 2 FSDP processes: rank 0's
+   peak extra memory during a full vs a sharded checkpoint save, against the rank's own share of
+   the state; the training stall of an asynchronous save vs a synchronous one; each rank's peak
+   memory building the model on the meta device vs whole.
 
 Prints one `name: value` line per figure, then a summary table against the targets; writes
 bench/results/cpu.json (or --json FILE).
@@ -224,6 +229,18 @@ class Bench:
             self.step_times("lm", warmup=10, steps=50, log_every=10, reps=self.reps + 2)
             self.op_counts("lm", warmup=5, steps=5)
 
+    def scale(self) -> None:
+        """9: the language model at about 302M parameters on 2 FSDP processes (scale.py): rank 0's
+        extra memory during a full vs a sharded save, the stall of an async save vs a sync one,
+        and each rank's peak memory building on the meta device vs whole. --quick: a 3M model."""
+        project, package, env = self.lm
+        command = [sys.executable, str(HERE / "scale.py"), "--project", str(project)]
+        command += ["--package", package, *(["--quick"] if self.quick else [])]
+        found = last_json(run_checked(command, project, env, timeout=5400))
+        for name, value in found.items():
+            if isinstance(value, int | float):
+                self.record(f"scale/{name}", value)
+
     def demo(self) -> None:
         """The README's demo: `python -m PACKAGE.train` with no arguments, start to finish."""
         started = time.perf_counter()
@@ -383,6 +400,9 @@ TARGETS = [
     ),
     ("ddp_accum4/skip_sync/allreduce_rounds_per_step", "== 1", lambda v, f: v == 1.0),
     ("data_wait/resnet18_default_pipeline", "< 0.05", lambda v, f: v < 0.05),
+    ("scale/ratio/save_extra_over_share/sharded", "<= 1.2", lambda v, f: v <= 1.2),
+    ("scale/ratio/async_stall_over_sync", "<= 0.1", lambda v, f: v <= 0.1),
+    ("scale/ratio/build_peak_meta_over_eager", "< 1", lambda v, f: v < 1),
     ("demo/val_acc", ">= 0.9", lambda v, f: v >= 0.9),
     ("demo/wall_s", "< 180", lambda v, f: v < 180),
 ]
@@ -424,17 +444,24 @@ def main() -> int:
     parser.add_argument(
         "--only-lm", action="store_true", help="the language model's figures (8) alone"
     )
+    parser.add_argument("--only-scale", action="store_true", help="the scale figures (9) alone")
     parser.add_argument(
-        "--json", type=Path, help="default: bench/results/cpu.json (--only-lm: cpu_lm.json)"
+        "--json",
+        type=Path,
+        help="default: results/cpu.json (--only-lm: cpu_lm.json, --only-scale: cpu_scale.json)",
     )
     parser.add_argument(
         "--docs", action="store_true", help="rewrite docs/performance.md results and plot"
     )
     args = parser.parse_args()
-    if args.only_lm and args.docs:
-        parser.error("--docs needs the full run, not --only-lm")
+    only = args.only_lm or args.only_scale
+    if only and args.docs:
+        parser.error("--docs needs the full run, not --only-lm or --only-scale")
     if args.json is None:
-        args.json = HERE / "results" / ("cpu_lm.json" if args.only_lm else "cpu.json")
+        name = (
+            "cpu_lm.json" if args.only_lm else "cpu_scale.json" if args.only_scale else "cpu.json"
+        )
+        args.json = HERE / "results" / name
     reps = 1 if args.quick else args.reps
     with tempfile.TemporaryDirectory() as tmp:
         project, package = bake(Path(tmp))
@@ -442,6 +469,8 @@ def main() -> int:
         bench = Bench(project, package, Path(tmp), reps, args.quick, lm_project)
         if args.only_lm:
             bench.language_model()
+        elif args.only_scale:
+            bench.scale()
         elif args.quick:
             bench.step_times("mlp", warmup=2, steps=3, log_every=10, reps=1)
             bench.op_counts("mlp", warmup=2, steps=10)
@@ -453,12 +482,13 @@ def main() -> int:
             bench.op_counts("mlp", warmup=20, steps=100)
             bench.step_times("resnet18", warmup=10, steps=10, log_every=10, reps=reps + 2)
             bench.language_model()
-        if not args.only_lm:
+        if not only:
             bench.startup()
             bench.ddp_accumulation()
             bench.scaling()
             bench.input_pipeline()
-        if not (args.quick or args.only_lm):
+            bench.scale()
+        if not (args.quick or only):
             bench.demo()
     import torch
 

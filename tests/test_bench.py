@@ -46,6 +46,16 @@ FIGURES = [
     *(f"ratio/lm/generated_over_raw_paired{q}" for q in ("", "_q1", "_q3")),
     *(f"tokens_per_s/lm/{c}" for c in ("generated", "raw", "generated_logged")),
     *(f"ops_per_step/lm/{c}" for c in ("generated", "raw")),
+    # Scale (quick: a 3M-parameter model): memory of full vs sharded saves, async stall, meta build.
+    "scale/params",
+    "scale/share_gb",
+    *(f"scale/save_extra_gb/{k}" for k in ("full", "sharded", "async")),
+    *(f"scale/save_blocked_s/{k}" for k in ("full", "sharded", "async", "async_first")),
+    *(f"scale/step_s/{k}" for k in ("full", "sharded", "async")),
+    *(f"scale/build_peak_extra_gb/{k}" for k in ("meta", "eager")),
+    "scale/ratio/save_extra_over_share/sharded",
+    "scale/ratio/async_stall_over_sync",
+    "scale/ratio/build_peak_meta_over_eager",
 ]
 
 
@@ -100,6 +110,30 @@ def test_language_model_figures_are_consistent(quick):
     assert q1 <= median <= q3
     targets = {name for name, _, _ in run.TARGETS}
     assert {"ratio/lm/generated_over_raw", "ratio/lm/generated_over_raw_paired"} <= targets
+
+
+def test_scale_figures_are_consistent(quick):
+    """The quick scale run trains a 3.2M-parameter GPT on 2 FSDP processes: each rank's share of
+    the state is 3 fp32 copies (weights, two Adam moments) of half the parameters; the ratios are
+    those of their figures, and the three scale targets are in the target table."""
+    from importlib import util
+
+    spec = util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
+    run = util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    f = quick[1]["figures"]
+    assert 3e6 < f["scale/params"] < 3.4e6
+    assert f["scale/share_gb"] == pytest.approx(3 * 4 * f["scale/params"] / 2 / 1e9, rel=0.01)
+    assert f["scale/ratio/save_extra_over_share/sharded"] == pytest.approx(
+        f["scale/save_extra_gb/sharded"] / f["scale/share_gb"]
+    )
+    assert all(f[f"scale/save_blocked_s/{k}"] > 0 for k in ("full", "sharded", "async"))
+    targets = {name for name, _, _ in run.TARGETS}
+    assert {
+        "scale/ratio/save_extra_over_share/sharded",
+        "scale/ratio/async_stall_over_sync",
+        "scale/ratio/build_peak_meta_over_eager",
+    } <= targets
 
 
 def test_times_and_shares_are_in_range(quick):

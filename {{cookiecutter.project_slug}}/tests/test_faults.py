@@ -5,10 +5,11 @@
 | SIGKILL at a random moment (1 process + workers,  | resume ends bit-identical to an uninterrupted run:  |
 | 2 processes DDP, 2 processes FSDP with sharded    | weights, optimizer, scheduler, logged losses        |
 | checkpoints, written in the background too)       |                                                     |
-| SIGTERM to torchrun; SIGUSR1 to every process     | one checkpoint after an agreed step, exit well      |
-|                                                   | inside torchrun's 30 s (75 without torchrun), exact |
+| SIGTERM to torchrun (FSDP); SIGUSR1 to every      | one checkpoint after an agreed step, exit well      |
+| process (1 process, saving in the background)     | inside torchrun's 30 s (75 without torchrun), exact |
 | a worker dies under torchrun --max-restarts=1     | the restarted group resumes by itself, bit-exact    |
-| a peer hangs or dies                              | the others exit 1 within distributed.timeout_s with |
+| (FSDP, sharded checkpoints)                       |                                                     |
+| a peer hangs (DDP) or dies (FSDP)                 | the others exit 1 within distributed.timeout_s with |
 |                                                   | one clear line; the newest checkpoint verifies      |
 | NaN gradient                                      | exit 1 naming the step; update skipped; no NaN saved|
 | corrupt, truncated or bit-flipped newest file     | warned, renamed aside, previous one used            |
@@ -226,7 +227,7 @@ def test_sigkill_at_a_random_moment_then_resume_is_bit_exact(setup, tiny, run_di
 def test_sigterm_to_torchrun_stops_cleanly_in_time_and_resumes_exactly(tiny, run_dir, references):
     """torchrun forwards SIGTERM to its workers: they agree on a step, write one checkpoint, and exit
     well inside the 30 s torchrun allows before SIGKILL; the resumed run is bit-exact."""
-    args = [*tiny, *SETUPS["ddp"][1]]
+    args = [*tiny, *SETUPS["fsdp"][1]]  # sharded checkpoints
     process = start(2, args)
     wait_for_checkpoint(run_dir, process, step=2)
     signalled = time.monotonic()
@@ -239,14 +240,15 @@ def test_sigterm_to_torchrun_stops_cleanly_in_time_and_resumes_exactly(tiny, run
     stopped_at = int(output.split("stopped by SIGTERM after step ")[1].split(";")[0])
     assert newest(run_dir)["progress"]["step"] == stopped_at
     completed(2, args)
-    assert_bit_identical(references("ddp"), run_dir)
+    assert_bit_identical(references("fsdp"), run_dir)
 
 
 @pytest.mark.slow
 def test_sigusr1_to_every_process_exits_75_and_resumes_exactly(tiny, run_dir, references):
     """SLURM's warning signal reaches every process of the job, data workers included: the trainer
-    checkpoints and exits 75 (the workers ignore it), and the resumed run is bit-exact."""
-    args = [*tiny, *SETUPS["one-process-workers"][1]]
+    checkpoints and exits 75 (the workers ignore it), and the resumed run is bit-exact. Checkpoints
+    are written in the background here: the stop waits for the one in flight and writes its own."""
+    args = [*tiny, *SETUPS["one-process-workers"][1], "trainer.async_checkpoint=true"]
     process = start(0, args)
     wait_for_checkpoint(run_dir, process, step=2)
     os.killpg(process.pid, signal.SIGUSR1)
@@ -267,19 +269,20 @@ def test_elastic_restart_resumes_by_itself_and_ends_exact(tiny, run_dir, tmp_pat
     here 3 restarts in 6 did."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
-    process = start(2, [*tiny, *SETUPS["ddp"][1]], "--max-restarts=1", script=script,
+    process = start(2, [*tiny, *SETUPS["fsdp"][1]], "--max-restarts=1", script=script,
                     FAULT="die", FAULT_STEP="5", FAULT_RANK="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")  # fmt: skip
     code, output = finish(process)
     assert code == 0, output[-3000:]
-    assert "resumed from" in output and "step_00000004.pt" in output, output[-3000:]
-    assert_bit_identical(references("ddp"), run_dir)
+    assert "resumed from" in output and "step_00000004 at step 4" in output, output[-3000:]
+    assert_bit_identical(references("fsdp"), run_dir)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["hang", "die"])
-def test_hung_or_dead_peer_ends_the_job_with_a_clear_error(fault, tiny, run_dir, tmp_path):
-    """Rank 1 hangs (or dies) while rank 0 saves the step-4 checkpoint: rank 0 exits 1 within
-    distributed.timeout_s with one clear line, and the newest checkpoint is the complete step-3 one.
+@pytest.mark.parametrize(("fault", "strategy"), [("hang", "ddp"), ("die", "fsdp")])
+def test_hung_or_dead_peer_ends_the_job_with_a_clear_error(fault, strategy, tiny, run_dir, tmp_path):
+    """Rank 1 hangs (DDP, full checkpoints) or dies (FSDP, sharded ones) before the step-4 save:
+    rank 0 exits 1 within distributed.timeout_s with one clear line, the newest checkpoint is the
+    complete step-3 one, and the unfinished save left nothing behind.
 
     The two ranks are started the way srun starts them (RANK, WORLD_SIZE, MASTER_ADDR set directly),
     so nothing but the timeout ends rank 0's wait."""
@@ -287,7 +290,7 @@ def test_hung_or_dead_peer_ends_the_job_with_a_clear_error(fault, tiny, run_dir,
     script.write_text(DRIVER)
     port, timeout_s = free_port(), 5
     ranks = [
-        start(0, [*tiny, *TWO_PROCESSES, "distributed.strategy=ddp", f"distributed.timeout_s={timeout_s}"],
+        start(0, [*tiny, *TWO_PROCESSES, f"distributed.strategy={strategy}", f"distributed.timeout_s={timeout_s}"],
               script=script, FAULT=fault, FAULT_STEP="4", FAULT_RANK="1", RANK=str(rank), LOCAL_RANK=str(rank),
               WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         for rank in (0, 1)
@@ -303,8 +306,9 @@ def test_hung_or_dead_peer_ends_the_job_with_a_clear_error(fault, tiny, run_dir,
     error = [line for line in output.splitlines() if line.startswith("error:")]
     assert error and "another process hung or died" in error[0], output[-3000:]
     assert "Traceback" not in output, output[-3000:]
-    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")][-1] == "step_00000003.pt"  # epoch 1's end
-    assert load_checkpoint(run_dir / "checkpoints" / "step_00000003.pt")["progress"]["step"] == 3
+    step_3 = run_dir / "checkpoints" / ("step_00000003.pt" if strategy == "ddp" else "step_00000003")
+    assert list_checkpoints(run_dir / "checkpoints")[-1] == step_3  # epoch 1's end
+    assert load_checkpoint(step_3)["progress"]["step"] == 3
     assert not list((run_dir / "checkpoints").glob(".*tmp*"))
 
 

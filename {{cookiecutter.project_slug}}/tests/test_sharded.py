@@ -83,6 +83,7 @@ def test_a_failed_sharded_write_exits_1_and_keeps_the_older_checkpoints(tiny, ru
     assert "could not write the step 4 checkpoint" in err and "older ones are kept" in err
     assert "no space left" in err
     assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["step_00000002"]
+    assert not list((run_dir / "checkpoints").glob(".*tmp*"))  # the unfinished directory is gone
     monkeypatch.setattr(filesystem, "_write_item", real_write)
     assert in_full(latest_checkpoint(run_dir / "checkpoints")[1])["progress"]["step"] == 2
 

@@ -134,12 +134,71 @@ def _finished(value=None) -> Future:
     return future
 
 
+class OneCopy:
+    """Stages a state dict for an asynchronous save as one host copy of this process's own data,
+    into the same buffers save after save (so only the first save allocates them).
+
+    torch 2.14's default stager deep-copies each DTensor and then copies it again into new memory:
+    a 6.2 s stall per save for a 302M-parameter model's 1.8 GB share on 2 CPU cores, where one copy
+    into memory already touched is 0.4 s. The buffers hold one more copy of this process's share
+    for the whole run; a save reuses them only after the previous one was written (one in flight).
+    """
+
+    _synchronize_after_execute = False
+    should_synchronize_after_execute = False
+
+    def __init__(self):
+        self.staged = None
+
+    def stage(self, state_dict: dict) -> dict:
+        self.staged = _host_copy(state_dict, self.staged)
+        return self.staged
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: stage() returns once the copy is made."""
+
+    def close(self) -> None:
+        """The buffers stay for the next save (released with the saver)."""
+
+
+def _host_copy(value, into=None):
+    """value with every tensor copied to host memory (a DTensor: its local shard, rewrapped), into
+    the matching tensors of `into` (an earlier copy) where their shapes and types agree."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(value, DTensor):
+        local = value.to_local().detach()
+        if isinstance(into, DTensor) and _fits(into.to_local(), local):
+            into.to_local().copy_(local)
+            return into
+        return DTensor.from_local(
+            local.to("cpu", copy=True), value.device_mesh, value.placements, run_check=False,
+            shape=value.shape, stride=value.stride(),
+        )  # fmt: skip
+    if isinstance(value, torch.Tensor):
+        if isinstance(into, torch.Tensor) and not isinstance(into, DTensor) and _fits(into, value):
+            return into.copy_(value.detach())
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        earlier = into if isinstance(into, dict) else {}
+        return {key: _host_copy(item, earlier.get(key)) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        earlier = into if isinstance(into, list | tuple) and len(into) == len(value) else [None] * len(value)
+        return type(value)(_host_copy(item, old) for item, old in zip(value, earlier, strict=True))
+    return value
+
+
+def _fits(buffer: torch.Tensor, value: torch.Tensor) -> bool:
+    return buffer.shape == value.shape and buffer.dtype == value.dtype and buffer.device.type == "cpu"
+
+
 class ShardedSaver:
     """Starts sharded saves (every process), waits for them, and commits them (the main process)."""
 
     def __init__(self, use_async: bool):
         self.use_async = use_async
         self.pending: Pending | None = None
+        self.stager = OneCopy()  # asynchronous saves: host buffers reused save after save
         self._group = None
         self._executor: ThreadPoolExecutor | None = None
 
@@ -167,12 +226,19 @@ class ShardedSaver:
                     torch.save(train_state, f)
                     f.flush()
                     os.fsync(f.fileno())
-        distributed.barrier()  # the folder exists before any rank writes into it
+        try:
+            distributed.barrier()  # the folder exists before any rank writes into it
+        except BaseException:  # a peer hung or died: this save never starts
+            if rank == 0:
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
         writer = FileSystemWriter(folder, sync_files=True)
         if self.use_async:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
-            written = async_save(tensors, storage_writer=writer, process_group=group, no_dist=group is None)
+            written = async_save(
+                tensors, storage_writer=writer, process_group=group, no_dist=group is None, async_stager=self.stager
+            )
             done = self._executor.submit(lambda: (written.result(), record_own_files(folder, rank)))
         else:
             try:
@@ -209,6 +275,8 @@ class ShardedSaver:
             error = why_not_written(root_cause(err), pending.folder.parent)
         errors = [e for e in distributed.all_gather_object(error) if e]
         if errors:
+            if distributed.rank() == 0:
+                shutil.rmtree(pending.folder, ignore_errors=True)  # never a checkpoint; nothing to keep
             raise OutputError(
                 f"could not write the step {pending.step} checkpoint in {pending.folder.parent} ({errors[0]}); "
                 "older ones are kept"
@@ -256,6 +324,7 @@ class ShardedSaver:
         return target
 
     def close(self) -> None:
+        self.stager.staged = None
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
