@@ -288,9 +288,9 @@ def run_generated(
         run_generated_lm(package, train, total_steps, output_dir, log_every)
         return
     image_size, batch, augment, workers = SHAPES[model_name]
-    if model_name == "mlp":  # the task builds its model through this module-level name
+    if model_name == "mlp":  # the task builds its model's layers through this module-level name
         task = importlib.import_module(f"{package}.task")
-        task.build_model = lambda cfg, num_classes: build_mlp(image_size, num_classes)
+        task.architecture = lambda cfg, num_classes: build_mlp(image_size, num_classes)
     overrides = [
         f"run.output_dir={output_dir}",
         "run.device=cpu",

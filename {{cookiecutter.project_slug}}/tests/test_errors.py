@@ -115,13 +115,17 @@ def _free_port() -> int:
 # Training in which rank 0 (only) may not write best.safetensors.
 UNWRITABLE_BEST = """
 import errno, os, sys
-from {{ cookiecutter.package_name }} import checkpoint, train
+from {{ cookiecutter.package_name }} import checkpoint, sharded, train
 
 def deny_writes(tensors, filename, metadata=None):
     raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), filename)
 
+def deny_header(tensors, metadata):  # the sharded model's best.safetensors, gathered tensor by tensor
+    raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), "best.safetensors")
+
 if os.environ["RANK"] == "0":
     checkpoint.save_file = deny_writes
+    sharded._safetensors_header = deny_header
 sys.exit(train.main(sys.argv[1:]))
 """
 
@@ -145,10 +149,13 @@ def _start_ranks_without_a_launcher(args: list[str], program: list[str]) -> list
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault", ["unwritable-best", "directory-in-use"])
-def test_other_ranks_stop_at_once_when_the_main_process_fails_alone(fault, tiny, run_dir):
+@pytest.mark.parametrize(
+    ("fault", "strategy"), [("unwritable-best", "ddp"), ("unwritable-best", "fsdp"), ("directory-in-use", "ddp")]
+)
+def test_other_ranks_stop_at_once_when_the_main_process_fails_alone(fault, strategy, tiny, run_dir):
     """Rank 0 alone writes files; when such a write fails (or the directory is another run's), rank 1 stops
-    with the same one-line error instead of waiting out distributed.timeout_s (here an hour)."""
+    with the same one-line error instead of waiting out distributed.timeout_s (here an hour). Under FSDP
+    best.safetensors is gathered tensor by tensor with every rank taking part, and still ends so."""
     run_dir.mkdir()
     holder = None
     program = ["-m", "{{ cookiecutter.package_name }}.train"]
@@ -164,7 +171,7 @@ def test_other_ranks_stop_at_once_when_the_main_process_fails_alone(fault, tiny,
         assert holder.stdout.readline().strip() == "locked"
         expected_code, expected = 2, "in use by another run"
     ranks = _start_ranks_without_a_launcher(
-        [*tiny, "trainer.max_steps=2", "distributed.strategy=ddp", "distributed.timeout_s=3600"], program
+        [*tiny, "trainer.max_steps=2", f"distributed.strategy={strategy}", "distributed.timeout_s=3600"], program
     )
     try:
         outputs = [rank.communicate(timeout=240)[0] for rank in ranks]  # an hour if a rank waited out the timeout

@@ -51,7 +51,7 @@ from tiny import RANDOM_DATA, VAL_KEYS
 
 # Augmentation on, log windows that straddle checkpoints (log_every=3, checkpoint_every=2).
 RESUMABLE = [*RANDOM_DATA, "trainer.checkpoint_every=2", "trainer.log_every=3", "trainer.keep_last=2"]
-ONE_PROCESS = [*RESUMABLE, "data.num_workers=2", "trainer.max_epochs=4"]  # 6 steps per epoch
+ONE_PROCESS = [*RESUMABLE, "data.num_workers=2", "trainer.max_epochs=8"]  # 6 steps per epoch
 TWO_PROCESSES = [*RESUMABLE, "trainer.max_epochs=8"]  # 3 steps per epoch: 192 samples / (2 x 32)
 
 # Runs training with a fault injected right after optimizer step FAULT_STEP on rank FAULT_RANK,

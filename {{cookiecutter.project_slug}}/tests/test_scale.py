@@ -6,8 +6,9 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
-from {{ cookiecutter.package_name }}.checkpoint import in_full, latest_checkpoint, list_checkpoints
+from {{ cookiecutter.package_name }}.checkpoint import in_full, latest_checkpoint, list_checkpoints, weights_metadata
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.metrics import read_metrics
 from {{ cookiecutter.package_name }}.task import Task
@@ -87,8 +88,8 @@ def distance(a: dict, b: dict) -> float:
 def test_hsdp_on_four_processes_trains_like_one_and_resumes_on_other_layouts(tiny, run_dir, tmp_path):
     """distributed.replicate_degree=2 on 4 CPU processes (2 replicas x 2 shards, recomputing each
     block's activations) trains like 1 process with the same global batch (float rounding apart:
-    20x closer than 3 steps move the weights), and its checkpoint resumes on 2 FSDP processes and
-    then on 1."""
+    20x closer than 3 steps move the weights), writes best.safetensors equal to its checkpoint of
+    that step, and its checkpoint resumes on 2 FSDP processes and then on 1."""
     cfg = load_config([], [*tiny, *BATCH_INDEPENDENT])
     quarter = cfg.data.batch_size // 4
     common = [*BATCH_INDEPENDENT, "trainer.checkpoint_every=1", "trainer.keep_last=10", "trainer.max_steps=3"]
@@ -107,6 +108,10 @@ def test_hsdp_on_four_processes_trains_like_one_and_resumes_on_other_layouts(tin
     moved = distance(initial, reference)  # how far 3 steps take the weights
     hsdp_weights = in_full(latest_checkpoint(run_dir / "checkpoints")[1])["model"]
     assert distance(reference, hsdp_weights) < moved / 20
+    best = load_file(str(run_dir / "best.safetensors"))  # gathered one tensor at a time
+    assert weights_metadata(run_dir / "best.safetensors")["step"] == "3"  # the one validation, at the end
+    assert best.keys() == hsdp_weights.keys()
+    assert all(torch.equal(best[k], hsdp_weights[k]) for k in best)
 
     for later in hsdp[1:]:
         shutil.rmtree(later)  # as if the job died after step 1: resume on 2 FSDP processes, then on 1

@@ -5,6 +5,7 @@ Every test runs offline (WANDB_MODE=offline or disabled, or a stand-in wandb mod
 
 import math
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -89,6 +90,7 @@ def test_a_fresh_start_in_the_same_directory_is_a_new_wandb_run(tiny, run_dir, m
 def test_wandb_offline_run_continues_after_resume_and_never_stores_the_api_key(tiny, run_dir, offline):
     """A resumed run logs into the same offline wandb run, and no file of the run holds the API key."""
     assert main([*tiny, "tracker.name=wandb", "tracker.tags=[baseline]", "trainer.max_steps=2"]) == 0
+    time.sleep(1.1)  # wandb names an offline run's folder by the second it starts: two starts, two folders
     assert main([*tiny, "tracker.name=wandb", "tracker.tags=[baseline]", "trainer.max_steps=4"]) == 0
 
     run_id = (run_dir / "wandb_run_id").read_text()

@@ -20,10 +20,13 @@ import socket
 import time
 from pathlib import Path
 
+from torch import nn
+
 from .checkpoint import atomic_write, move_aside, save_weights, set_aside_later_checkpoints, weights_metadata, writing
 from .config import Config, to_yaml
 from .errors import ConfigError, OutputError, RunDirectoryBusy, write_failure
 from .metrics import truncate_metrics
+from .sharded import write_weights_gathered
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +163,16 @@ def save_best(weights: dict, output_dir: Path, step: int, metrics: dict) -> None
     """best.safetensors, with the step and validation metrics that made it best in its header."""
     path = output_dir / "best.safetensors"
     with writing(path):
-        save_weights(weights, path, metadata={"step": str(step), **{k: str(v) for k, v in metrics.items()}})
+        save_weights(weights, path, metadata=best_metadata(step, metrics))
+
+
+def save_best_sharded(model: nn.Module, output_dir: Path, step: int, metrics: dict) -> None:
+    """save_best for a sharded model (every rank calls it): gathered one tensor at a time."""
+    write_weights_gathered(model, output_dir / "best.safetensors", best_metadata(step, metrics))
+
+
+def best_metadata(step: int, metrics: dict) -> dict[str, str]:
+    return {"step": str(step), **{k: str(v) for k, v in metrics.items()}}
 
 
 class RunLock:

@@ -394,6 +394,80 @@ def read_in_full(path: Path) -> dict:
         return torch.load(whole, map_location="cpu", weights_only=True)
 
 
+# safetensors' names of the dtypes a model's state may hold.
+SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+    torch.bool: "BOOL",
+}  # fmt: skip
+
+
+def holds_shards(model: nn.Module) -> bool:
+    """Whether the model's parameters are sharded over processes (FSDP2's DTensors)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(param, DTensor) for param in model.parameters())
+
+
+def write_weights_gathered(model: nn.Module, path: Path, metadata: dict[str, str]) -> None:
+    """The sharded model's weights as one safetensors file written by the main process, gathered
+    one tensor at a time: no process holds more than one whole tensor beyond its shards (gathering
+    them all first would put the whole model on the main process's CPU). Every rank calls it; a
+    failed write raises OutputError on every rank, and nothing is left behind."""
+    from torch.distributed.tensor import DTensor
+
+    from .checkpoint import strip_prefixes
+
+    tensors = strip_prefixes(getattr(model, "_orig_mod", model).state_dict())
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    out, error = None, None
+    if distributed.rank() == 0:
+        try:
+            out = open(tmp, "wb")  # noqa: SIM115 (closed below, after every rank's gathers)
+            out.write(_safetensors_header(tensors, metadata))
+        except OSError as err:
+            error = err
+    for value in tensors.values():
+        whole = value.full_tensor() if isinstance(value, DTensor) else value  # every rank: a collective
+        if out is not None and error is None:
+            try:
+                out.write(whole.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+            except OSError as err:
+                error = err
+    if out is not None:
+        try:
+            if error is None:
+                out.flush()
+                os.fsync(out.fileno())
+            out.close()
+            if error is None:
+                os.replace(tmp, path)
+                fsync_dir(path.parent)
+        except OSError as err:
+            error = error or err
+        finally:
+            tmp.unlink(missing_ok=True)
+    reason = None if error is None else f"could not write {path} ({why_not_written(error, path.parent)})"
+    reason = distributed.broadcast_object(reason)
+    if reason:
+        raise OutputError(reason)
+
+
+def _safetensors_header(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> bytes:
+    """The length-prefixed JSON header of a safetensors file holding tensors in this order."""
+    import struct
+
+    header, offset = {"__metadata__": metadata}, 0
+    for name, value in tensors.items():
+        size = value.numel() * value.element_size()
+        header[name] = {"dtype": SAFETENSORS_DTYPES[value.dtype], "shape": list(value.shape),
+                        "data_offsets": [offset, offset + size]}  # fmt: skip
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned
+    return struct.pack("<Q", len(text)) + text
+
+
 def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """This process's part of the model and optimizer state (FSDP: its shards), keyed by parameter
     name, with no copy and no gather."""

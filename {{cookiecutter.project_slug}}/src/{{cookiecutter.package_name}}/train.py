@@ -41,8 +41,8 @@ from .loaders import build_train_loader, build_val_loader, shut_down_workers
 from .metrics import MetricsLogger, PerfMeter
 from .optim import build_optimizer, check_finite, warmup_cosine
 from .preemption import StopRequest
-from .rundir import claim_output_dir, save_best, start_in_output_dir
-from .sharded import ShardedSaver
+from .rundir import claim_output_dir, save_best, save_best_sharded, start_in_output_dir
+from .sharded import ShardedSaver, holds_shards
 from .state import TrainState, checkpoint_format
 from .step import StepResult, train_mode, train_step
 from .task import Task
@@ -143,8 +143,11 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
             check_finite("val/loss", val["val/loss"], progress.step, tcfg.precision)  # before anything is saved
             if progress.improves(val[Task.MONITOR], Task.MONITOR_MODE):
                 progress.best, progress.best_step = val[Task.MONITOR], progress.step
-                weights = distributed.full_model_state(model)
-                distributed.on_main(save_best, weights, output_dir, progress.step, val)
+                if holds_shards(model):  # never the whole model on one process
+                    save_best_sharded(model, output_dir, progress.step, val)
+                else:
+                    weights = distributed.full_model_state(model)
+                    distributed.on_main(save_best, weights, output_dir, progress.step, val)
             val[BEST_KEY] = progress.best
             distributed.on_main(logger.log, val, progress.step, progress.epoch)
             log.info("epoch %d step %d: %s", progress.epoch, progress.step, task.summary(val))
