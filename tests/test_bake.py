@@ -59,6 +59,7 @@ EXPECTED_FILES = frozenset(
         "src/PKG/model_init.py",
         "src/PKG/recompute.py",
         "src/PKG/launcher.py",
+        "src/PKG/provenance.py",
         "tests/tiny.py",
         "tests/conftest.py",
         "tests/test_config.py",
@@ -77,6 +78,8 @@ EXPECTED_FILES = frozenset(
         "tests/test_scale.py",
         "tests/test_recompute.py",
         "tests/test_launcher.py",
+        "tests/test_provenance.py",
+        "tests/test_monitor.py",
     }
 )
 # Each task's own files beyond those (its task.py, data.py, model.py, ... share the same paths).

@@ -149,6 +149,7 @@ def _start_ranks_without_a_launcher(args: list[str], program: list[str]) -> list
 
 
 @pytest.mark.slow
+@pytest.mark.core  # rank 0's failures reach the others the same way for every task
 @pytest.mark.parametrize(
     ("fault", "strategy"), [("unwritable-best", "ddp"), ("unwritable-best", "fsdp"), ("directory-in-use", "ddp")]
 )

@@ -204,7 +204,9 @@ SAME_TRAINING = {"fsdp-async": "fsdp"}  # saving in the background changes nothi
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("setup", list(SETUPS))
+@pytest.mark.parametrize(
+    "setup", [pytest.param(s, marks=pytest.mark.core) if s in SAME_TRAINING else s for s in SETUPS]
+)
 def test_sigkill_at_a_random_moment_then_resume_is_bit_exact(setup, tiny, run_dir, references):
     """SIGKILL to every process at a random moment (0-0.3 s after a random one of the first eight
     checkpoints appears: mid-step, mid-epoch, mid-save or in validation), then the same command
@@ -224,6 +226,7 @@ def test_sigkill_at_a_random_moment_then_resume_is_bit_exact(setup, tiny, run_di
 
 
 @pytest.mark.slow
+@pytest.mark.core  # signals, restarts and peers: the same for every task
 def test_sigterm_to_torchrun_stops_cleanly_in_time_and_resumes_exactly(tiny, run_dir, references):
     """torchrun forwards SIGTERM to its workers: they agree on a step, write one checkpoint, and exit
     well inside the 30 s torchrun allows before SIGKILL; the resumed run is bit-exact."""
@@ -244,6 +247,7 @@ def test_sigterm_to_torchrun_stops_cleanly_in_time_and_resumes_exactly(tiny, run
 
 
 @pytest.mark.slow
+@pytest.mark.core  # signals, restarts and peers: the same for every task
 def test_sigusr1_to_every_process_exits_75_and_resumes_exactly(tiny, run_dir, references):
     """SLURM's warning signal reaches every process of the job, data workers included: the trainer
     checkpoints and exits 75 (the workers ignore it), and the resumed run is bit-exact. Checkpoints
@@ -260,6 +264,7 @@ def test_sigusr1_to_every_process_exits_75_and_resumes_exactly(tiny, run_dir, re
 
 
 @pytest.mark.slow
+@pytest.mark.core  # signals, restarts and peers: the same for every task
 def test_elastic_restart_resumes_by_itself_and_ends_exact(tiny, run_dir, tmp_path, references):
     """A worker SIGKILLed at step 5 under torchrun --max-restarts=1: the restarted group resumes from
     the step-4 checkpoint on its own and ends bit-identical to an uninterrupted run.
@@ -278,6 +283,7 @@ def test_elastic_restart_resumes_by_itself_and_ends_exact(tiny, run_dir, tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.core  # signals, restarts and peers: the same for every task
 @pytest.mark.parametrize(("fault", "strategy"), [("hang", "ddp"), ("die", "fsdp")])
 def test_hung_or_dead_peer_ends_the_job_with_a_clear_error(fault, strategy, tiny, run_dir, tmp_path):
     """Rank 1 hangs (DDP, full checkpoints) or dies (FSDP, sharded ones) before the step-4 save:

@@ -10,6 +10,8 @@ import yaml
 from {{ cookiecutter.package_name }}.errors import ConfigError
 from {{ cookiecutter.package_name }}.launcher import check_accelerate_fsdp
 
+pytestmark = pytest.mark.core  # task-independent: the template runs it in one task's bake
+
 ACCELERATE_CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "accelerate"
 
 # What accelerate launch (1.x) writes for an FSDP config file that names no fsdp_config option.

@@ -5,6 +5,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -85,6 +86,7 @@ def distance(a: dict, b: dict) -> float:
     return sum(((a[k].double() - b[k].double()) ** 2).sum().item() for k in a if a[k].is_floating_point()) ** 0.5
 
 
+@pytest.mark.core  # the 2-D layout is the core's; both tasks build and shard through it alike
 def test_hsdp_on_four_processes_trains_like_one_and_resumes_on_other_layouts(tiny, run_dir, tmp_path):
     """distributed.replicate_degree=2 on 4 CPU processes (2 replicas x 2 shards, recomputing each
     block's activations) trains like 1 process with the same global batch (float rounding apart:

@@ -19,6 +19,8 @@ from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.sharded import MANIFEST
 from {{ cookiecutter.package_name }}.train import main
 
+pytestmark = pytest.mark.core  # task-independent: the template runs it in one task's bake
+
 SHARDED = ["trainer.checkpoint_format=sharded", "trainer.checkpoint_every=2", "trainer.max_steps=4"]
 
 

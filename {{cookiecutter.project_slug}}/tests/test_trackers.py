@@ -3,6 +3,7 @@
 Every test runs offline (WANDB_MODE=offline or disabled, or a stand-in wandb module): no network.
 """
 
+import json
 import math
 import sys
 import time
@@ -53,7 +54,8 @@ class FakeWandb(types.ModuleType):
 
 
 def test_wandb_gets_the_resolved_config_and_every_logged_scalar(tiny, run_dir, monkeypatch):
-    """wandb.init receives the config as config.yaml holds it, and every metrics.jsonl value at its step."""
+    """wandb.init receives the config as config.yaml holds it (and run_info.json's record of that start),
+    and every metrics.jsonl value at its step."""
     fake = FakeWandb()
     monkeypatch.setitem(sys.modules, "wandb", fake)
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -66,6 +68,8 @@ def test_wandb_gets_the_resolved_config_and_every_logged_scalar(tiny, run_dir, m
     assert first["resume"] == "allow" and first["mode"] == "offline"
     assert (first["project"], first["entity"], first["tags"]) == ("proj", "team", ["a", "b"])
     assert first["name"] == run_dir.name
+    runs = json.loads((run_dir / "run_info.json").read_text())["runs"]  # provenance, beside the config
+    assert (first["config"].pop("run_info"), resumed["config"].pop("run_info")) == tuple(runs)
     assert first["config"] == yaml.safe_load((run_dir / "config.yaml").read_text()) | {
         "trainer": first["config"]["trainer"]  # max_steps differs between the two runs
     }

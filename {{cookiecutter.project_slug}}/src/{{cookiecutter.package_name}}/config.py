@@ -88,6 +88,13 @@ class TrainerConfig:
     every epoch and of training."""
     detect_anomaly: bool = False
     """Autograd anomaly detection: a NaN names the operation that made it (slow; for debugging only)."""
+    monitor: str | None = None
+    """The validation metric that picks best.safetensors and best.json (and early stopping); null: the
+    task's own (val/acc for images, val/loss for the language model)."""
+    monitor_mode: str | None = None
+    """max (higher is better) or min; null: the metric's own direction (max for val/acc, min for losses)."""
+    early_stop_patience: int = 0
+    """Stop after this many validations in a row without a better trainer.monitor (0: never stop early)."""
     checkpoint_format: str = "auto"
     """sharded (a directory checkpoints/step_N/: every process writes its own shards in parallel, no full
     gather), full (one file checkpoints/step_N.pt gathered on the main process) or auto (sharded under
@@ -284,6 +291,15 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"optim.min_lr_ratio={cfg.optim.min_lr_ratio} must be between 0 and 1")
     if cfg.trainer.grad_clip < 0:
         raise ConfigError("trainer.grad_clip must be >= 0 (0 turns clipping off)")
+    if cfg.trainer.monitor is not None and cfg.trainer.monitor not in task_config.VAL_METRICS:
+        raise ConfigError(
+            f"trainer.monitor={cfg.trainer.monitor!r} is not a validation metric of this task; choose one of "
+            f"{', '.join(task_config.VAL_METRICS)}"
+        )
+    if cfg.trainer.monitor_mode not in (None, "max", "min"):
+        raise ConfigError(f"trainer.monitor_mode={cfg.trainer.monitor_mode!r} is not allowed; choose max or min")
+    if cfg.trainer.early_stop_patience < 0:
+        raise ConfigError(f"trainer.early_stop_patience={cfg.trainer.early_stop_patience} must be 0 (off) or more")
     if cfg.trainer.async_checkpoint and cfg.trainer.checkpoint_format == "full":
         raise ConfigError(
             "trainer.async_checkpoint=true writes sharded checkpoints; set trainer.checkpoint_format=sharded or auto"

@@ -124,7 +124,9 @@ class MetricsLogger:
     Create it on rank 0 only (enabled=False elsewhere makes every call a no-op).
     """
 
-    def __init__(self, output_dir: Path, tracker: TrackerConfig, config: dict, enabled: bool = True):
+    def __init__(
+        self, output_dir: Path, tracker: TrackerConfig, config: dict, enabled: bool = True, run_info: dict | None = None
+    ):
         self.enabled = enabled
         self.tracker = None
         if not enabled:
@@ -133,9 +135,9 @@ class MetricsLogger:
         output_dir.mkdir(parents=True, exist_ok=True)
         self.file = open(output_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
         if tracker.name == "tensorboard":
-            self.tracker = _TensorBoard(output_dir / "tensorboard")
-        elif tracker.name == "wandb":
-            self.tracker = _Wandb(output_dir, tracker, config)
+            self.tracker = _TensorBoard(output_dir / "tensorboard", run_info)
+        elif tracker.name == "wandb":  # the run's provenance beside its configuration
+            self.tracker = _Wandb(output_dir, tracker, {**config, "run_info": run_info} if run_info else config)
 
     @classmethod
     def disabled(cls) -> MetricsLogger:
@@ -194,7 +196,7 @@ def read_metrics(output_dir: Path) -> list[dict]:
 
 
 class _TensorBoard:
-    def __init__(self, log_dir: Path):
+    def __init__(self, log_dir: Path, run_info: dict | None = None):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
@@ -202,6 +204,9 @@ class _TensorBoard:
                 "tracker.name=tensorboard needs the tensorboard package: pip install tensorboard"
             ) from None
         self.writer = SummaryWriter(str(log_dir))
+        if run_info:  # provenance.py's record of this start, as text beside the scalars
+            step = run_info.get("resumed_from_step") or 0
+            self.writer.add_text("run_info", "```\n" + json.dumps(run_info, indent=1) + "\n```", step)
 
     def log(self, metrics: dict, step: int) -> None:
         for key, value in metrics.items():

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from torch import nn
 
+from . import distributed
 from .checkpoint import atomic_write, move_aside, save_weights, set_aside_later_checkpoints, weights_metadata, writing
 from .config import Config, to_yaml
 from .errors import ConfigError, OutputError, RunDirectoryBusy, write_failure
@@ -54,6 +55,7 @@ RESUME_MAY_CHANGE = (
     "trainer.log_every",
     "trainer.detect_anomaly",
     "trainer.override_optim",
+    "trainer.early_stop_patience",
     "trainer.checkpoint_format",  # both formats resume on any layout
     "trainer.async_checkpoint",
     "distributed.strategy",
@@ -70,7 +72,10 @@ OPTIM_KEYS = ("optim.lr", "optim.weight_decay", "optim.warmup_steps", "optim.min
 
 # What a run writes at the top of its directory; a fresh start sets these aside (checkpoints are
 # set aside by checkpoint.set_aside_later_checkpoints).
-RUN_FILES = ("metrics.jsonl", "config.yaml", "best.safetensors", "wandb_run_id", "tensorboard", "eval.json", "export")
+RUN_FILES = (
+    "metrics.jsonl", "config.yaml", "run_info.json", "best.safetensors", "best.json", "wandb_run_id", "tensorboard",
+    "eval.json", "export",
+)  # fmt: skip
 
 
 def _flat(config: dict, prefix: str = "") -> dict:
@@ -150,7 +155,7 @@ def start_in_output_dir(output_dir: Path, cfg: Config, start_step: int, resumed:
         truncate_metrics(output_dir, start_step)  # lines logged after this checkpoint are redone
         best = output_dir / "best.safetensors"
         if best.exists() and int(weights_metadata(best).get("step", -1)) > start_step:
-            set_aside_run_files(output_dir, ["best.safetensors"])
+            set_aside_run_files(output_dir, ["best.safetensors", "best.json"])
     else:
         set_aside_run_files(output_dir)
     set_aside_later_checkpoints(output_dir / "checkpoints", start_step, cfg.trainer.resume)
@@ -159,16 +164,28 @@ def start_in_output_dir(output_dir: Path, cfg: Config, start_step: int, resumed:
         atomic_write(config_file, lambda tmp: tmp.write_text(to_yaml(cfg), encoding="utf-8"))
 
 
-def save_best(weights: dict, output_dir: Path, step: int, metrics: dict) -> None:
-    """best.safetensors, with the step and validation metrics that made it best in its header."""
+def save_best(weights: dict, output_dir: Path, step: int, metrics: dict, monitor: tuple[str, str]) -> None:
+    """best.safetensors, with the step and validation metrics that made it best in its header, and
+    best.json saying the same (monitor: the metric and its mode)."""
     path = output_dir / "best.safetensors"
     with writing(path):
         save_weights(weights, path, metadata=best_metadata(step, metrics))
+    write_best_json(output_dir, step, metrics, monitor)
 
 
-def save_best_sharded(model: nn.Module, output_dir: Path, step: int, metrics: dict) -> None:
+def save_best_sharded(model: nn.Module, output_dir: Path, step: int, metrics: dict, monitor: tuple[str, str]) -> None:
     """save_best for a sharded model (every rank calls it): gathered one tensor at a time."""
     write_weights_gathered(model, output_dir / "best.safetensors", best_metadata(step, metrics))
+    distributed.on_main(write_best_json, output_dir, step, metrics, monitor)
+
+
+def write_best_json(output_dir: Path, step: int, metrics: dict, monitor: tuple[str, str]) -> None:
+    """best.json: which step best.safetensors holds, by which metric and mode, and its validation."""
+    name, mode = monitor
+    record = {"step": step, "monitor": name, "mode": mode, "value": metrics[name], "metrics": metrics}
+    path = output_dir / "best.json"
+    with writing(path):
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8"))
 
 
 def best_metadata(step: int, metrics: dict) -> dict[str, str]:

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 # The layout of the dict state_dict() returns. Checkpoints without the key predate it and have
 # layout 1; a newer layout than this code knows is refused rather than half-read.
-# 2: progress.best (the best value of task.Task.MONITOR) replaced progress.best_acc.
+# 2: progress.best (the best value of the monitored metric) replaced progress.best_acc.
 FORMAT_VERSION = 2
 
 
@@ -39,8 +39,9 @@ class Progress:
     step: int = 0  # optimizer steps taken
     epoch: int = 0  # epochs completed
     samples_done: int = 0  # samples all processes together consumed in the current epoch
-    best: float | None = None  # the best value of task.Task.MONITOR so far; None before the first validation
+    best: float | None = None  # the best value of the monitored metric so far; None before the first validation
     best_step: int = -1
+    stale: int = 0  # validations since the monitored metric last improved (trainer.early_stop_patience)
     skipped_steps: int = 0  # fp16 steps the gradient scaler skipped (inf/NaN gradients)
 
     def state_dict(self) -> dict:
@@ -57,6 +58,14 @@ class Progress:
     def improves(self, value: float, mode: str) -> bool:
         """Whether a validation value beats the best so far (mode max: higher is better, min: lower)."""
         return self.best is None or (value > self.best if mode == "max" else value < self.best)
+
+    def record_validation(self, value: float, mode: str) -> bool:
+        """Count a validation of the monitored metric; returns whether it is the best so far."""
+        if self.improves(value, mode):
+            self.best, self.best_step, self.stale = value, self.step, 0
+            return True
+        self.stale += 1
+        return False
 
 
 @dataclass

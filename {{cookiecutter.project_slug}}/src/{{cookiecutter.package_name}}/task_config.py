@@ -61,6 +61,9 @@ class ModelConfig:
     """channels_last memory format for model and inputs (faster convolutions on recent GPUs)."""
 
 
+# The validation metrics trainer.monitor may name, and the direction in which each improves.
+VAL_METRICS = {"val/loss": "min", "val/acc": "max"}
+
 # Values a key may take, and keys that must be at least 1 (config.validate checks both).
 CHOICES = {
     "data.name": ("synthetic", "cifar10", "imagefolder"),

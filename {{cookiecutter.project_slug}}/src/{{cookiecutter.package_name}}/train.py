@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from . import distributed
+from . import distributed, provenance
 from .checkpoint import remove_stale_temporaries, resume_state
 from .config import Config, ConfigError, load_config, parse_args, to_dict
 from .errors import PREEMPTED_EXIT, RUNTIME_FAILURE, Preempted, exit_status, report
@@ -41,14 +41,26 @@ from .loaders import build_train_loader, build_val_loader, shut_down_workers
 from .metrics import MetricsLogger, PerfMeter
 from .optim import build_optimizer, check_finite, warmup_cosine
 from .preemption import StopRequest
+from .provenance import append_record, run_record
 from .rundir import claim_output_dir, save_best, save_best_sharded, start_in_output_dir
 from .sharded import ShardedSaver, holds_shards
 from .state import TrainState, checkpoint_format
 from .step import StepResult, train_mode, train_step
 from .task import Task
+from .task_config import VAL_METRICS
 
 log = logging.getLogger(__package__)
-BEST_KEY = "val/best_" + Task.MONITOR.split("/", 1)[1]  # the best Task.MONITOR so far: val/best_acc, ...
+
+
+def monitored(cfg: Config) -> tuple[str, str]:
+    """trainer.monitor and trainer.monitor_mode, null meaning the task's metric and the metric's direction."""
+    name = cfg.trainer.monitor or Task.MONITOR
+    return name, cfg.trainer.monitor_mode or VAL_METRICS[name]
+
+
+def best_key(monitor: str) -> str:
+    """The logged name of the monitored metric's best value so far: val/best_acc for val/acc, ..."""
+    return "val/best_" + monitor.split("/", 1)[1]
 
 
 def seed_everything(seed: int) -> None:
@@ -134,30 +146,41 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     if found:
         state.resume(*found, cfg, env, global_batch=global_micro * accum)
     distributed.on_main(start_in_output_dir, output_dir, cfg, progress.step, bool(found))
-    logger = distributed.on_main(MetricsLogger, output_dir, cfg.tracker, to_dict(cfg)) or MetricsLogger.disabled()
+    record = run_record(progress.step if found else None)  # provenance: versions, git commit, hosts
+    distributed.on_main(append_record, output_dir, record, not found)
+    logger = (
+        distributed.on_main(MetricsLogger, output_dir, cfg.tracker, to_dict(cfg), True, record)
+        or MetricsLogger.disabled()
+    )
+
+    monitor, mode = monitored(cfg)
+    patience = tcfg.early_stop_patience
 
     def validate() -> dict:
         """Validate, keep best.safetensors, log; every rank runs it (FSDP forwards are collectives)."""
         with perf.excluded():  # validation and saving are not training time
             val = task.validate(distributed.without_ddp(model), val_loader)
             check_finite("val/loss", val["val/loss"], progress.step, tcfg.precision)  # before anything is saved
-            if progress.improves(val[Task.MONITOR], Task.MONITOR_MODE):
-                progress.best, progress.best_step = val[Task.MONITOR], progress.step
+            if progress.record_validation(val[monitor], mode):  # the same on every rank: metrics are global
                 if holds_shards(model):  # never the whole model on one process
-                    save_best_sharded(model, output_dir, progress.step, val)
+                    save_best_sharded(model, output_dir, progress.step, val, (monitor, mode))
                 else:
                     weights = distributed.full_model_state(model)
-                    distributed.on_main(save_best, weights, output_dir, progress.step, val)
-            val[BEST_KEY] = progress.best
+                    distributed.on_main(save_best, weights, output_dir, progress.step, val, (monitor, mode))
+            val[best_key(monitor)] = progress.best
             distributed.on_main(logger.log, val, progress.step, progress.epoch)
             log.info("epoch %d step %d: %s", progress.epoch, progress.step, task.summary(val))
         return val
+
+    def stopped_early() -> bool:
+        """trainer.early_stop_patience validations in a row without a better monitored metric."""
+        return bool(patience) and progress.stale >= patience
 
     val: dict = {}
     perf = PerfMeter(env.device, env.world_size)
     finished = False
     try:
-        while progress.epoch < tcfg.max_epochs and progress.step < total_steps:
+        while progress.epoch < tcfg.max_epochs and progress.step < total_steps and not stopped_early():
             train_mode(model)
             done = progress.samples_done // global_micro  # micro-batches of this epoch already taken
             train_loader.sampler.set_position(progress.epoch, progress.samples_done // env.world_size)
@@ -184,6 +207,8 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                 if tcfg.val_every and progress.step % tcfg.val_every == 0 and not ends_loop:
                     val = validate()
                     train_mode(model)
+                    if stopped_early():
+                        break
                 if stopping or (progress.step % tcfg.checkpoint_every == 0 and not ends_loop):
                     with perf.excluded():
                         state.save(checkpoints, cfg, wait=stopping)
@@ -195,13 +220,22 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
                 if progress.step >= total_steps:
                     break
             bar.close()
+            if stopped_early():  # mid-epoch: its checkpoint is this step's, right after that validation
+                with perf.excluded():
+                    state.save(checkpoints, cfg, wait=True)
+                break
             if progress.samples_done >= epoch_samples:
                 progress.epoch, progress.samples_done = progress.epoch + 1, 0
             val = validate()
             with perf.excluded():
-                state.save(checkpoints, cfg, wait=progress.step >= total_steps)
+                state.save(checkpoints, cfg, wait=progress.step >= total_steps or stopped_early())
         if not val:  # resumed a finished run: report its metrics again
             val = task.validate(distributed.without_ddp(model), val_loader)
+        if stopped_early():
+            log.info(
+                "stopped early at step %d: %s has not improved on %.4f (step %d) in %d validations",
+                progress.step, monitor, progress.best, progress.best_step, progress.stale,
+            )  # fmt: skip
         state.finish_saves()
         finished = True
     finally:
@@ -209,7 +243,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
             state.finish_saves(failed=True)  # a checkpoint every rank wrote still counts
         logger.close()
         shut_down_workers(train_loader, val_loader)
-    return {**val, BEST_KEY: progress.best, "step": progress.step, "epoch": progress.epoch}
+    return {**val, "best": progress.best, "monitor": monitor, "step": progress.step, "epoch": progress.epoch}
 
 
 def log_training(state: TrainState, result: StepResult, perf: PerfMeter, logger: MetricsLogger, task: Task) -> float:
@@ -252,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     """The command line: parse, train, and turn the expected failures into a message and an exit status."""
+    provenance.command_line[:] = [Path(sys.executable).name, "-m", f"{__package__}.train", *argv]
     try:
         files, overrides = parse_args(argv, f"{__package__}.train")
         # accelerate launch's FSDP options, as keys between the --config files and the command line's.
@@ -278,10 +313,10 @@ def _main(argv: list[str]) -> int:
         )
         return RUNTIME_FAILURE
     if int(os.environ.get("RANK", "0")) == 0:
-        shown = dict.fromkeys([Task.MONITOR, "val/loss"])  # the monitored metric first, each once
+        shown = dict.fromkeys([result["monitor"], "val/loss"])  # the monitored metric first, each once
         print(
             f"final {' '.join(f'{key}={result[key]:.4f}' for key in shown)} "
-            f"(best {Task.MONITOR}={result[BEST_KEY]:.4f}) after {result['step']} steps; "
+            f"(best {result['monitor']}={result['best']:.4f}) after {result['step']} steps; "
             f"outputs in {cfg.run.output_dir}/ (metrics.jsonl, config.yaml, checkpoints/, best.safetensors)"
         )
     return 0

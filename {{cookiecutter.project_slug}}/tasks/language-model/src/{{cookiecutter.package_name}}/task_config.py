@@ -64,6 +64,9 @@ class ModelConfig:
     more compute per step (transformer blocks)."""
 
 
+# The validation metrics trainer.monitor may name, and the direction in which each improves.
+VAL_METRICS = {"val/loss": "min", "val/ppl": "min", "val/bpb": "min"}
+
 # Values a key may take, and keys that must be at least 1 (config.validate checks both).
 CHOICES = {
     "data.name": ("synthetic", "text"),
