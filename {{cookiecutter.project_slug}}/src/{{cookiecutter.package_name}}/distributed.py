@@ -198,7 +198,10 @@ def build_model(task, cfg: Config, env: DistEnv) -> nn.Module:
             f"it divides (HSDP; {env.world_size} processes here)"
         )
     if joined() and strategy == "fsdp":
-        check_fsdp(cfg)
+        if cfg.trainer.precision == "fp16":
+            raise ConfigError("distributed.strategy=fsdp supports trainer.precision=bf16 or fp32, not fp16")
+        if cfg.distributed.sync_batchnorm:
+            raise ConfigError("distributed.sync_batchnorm=true needs distributed.strategy=ddp (FSDP shares rank 0's)")
         shard = functools.partial(
             shard_model, env=env, precision=cfg.trainer.precision, replicate=replicate,
             recompute_activations=cfg.model.activation_checkpointing,
@@ -210,26 +213,14 @@ def build_model(task, cfg: Config, env: DistEnv) -> nn.Module:
     return wrap_model(model, cfg, env)
 
 
-def check_fsdp(cfg: Config) -> None:
-    """Settings FSDP cannot honour."""
-    if cfg.trainer.precision == "fp16":
-        raise ConfigError("distributed.strategy=fsdp supports trainer.precision=bf16 or fp32, not fp16")
-    if cfg.distributed.sync_batchnorm:
-        raise ConfigError("distributed.sync_batchnorm=true needs distributed.strategy=ddp (FSDP shares rank 0's)")
-
-
 def wrap_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
-    """DDP or FSDP2 (fully_shard per block, then the root) when more than one process trains."""
-    strategy = resolve_strategy(cfg)
+    """DDP when more than one process trains (build_model shards FSDP models itself)."""
     if not joined():
         return model  # one process without a launcher: nothing to replicate or shard
-    if strategy == "none":
+    if resolve_strategy(cfg) == "none":
         raise ConfigError(
             f"distributed.strategy=none with {env.world_size} processes would train independent models; use ddp"
         )
-    if strategy == "fsdp":
-        check_fsdp(cfg)
-        return shard_model(model, env, cfg.trainer.precision, cfg.distributed.replicate_degree)
     if cfg.distributed.sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     log.info("DDP over %d processes", env.world_size)
