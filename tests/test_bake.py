@@ -30,6 +30,7 @@ EXPECTED_FILES = frozenset(
         "pyproject.toml",
         "configs/default.yaml",
         "configs/smoke.yaml",
+        "configs/sweep.yaml",
         "configs/accelerate/multi_gpu.yaml",
         "configs/accelerate/fsdp.yaml",
         "configs/accelerate/multi_cpu.yaml",
@@ -41,6 +42,7 @@ EXPECTED_FILES = frozenset(
         "src/PKG/model.py",
         "src/PKG/checkpoint.py",
         "src/PKG/metrics.py",
+        "src/PKG/trackers.py",
         "src/PKG/optim.py",
         "src/PKG/plot.py",
         "src/PKG/distributed.py",
@@ -58,6 +60,9 @@ EXPECTED_FILES = frozenset(
         "src/PKG/sharded.py",
         "src/PKG/model_init.py",
         "src/PKG/recompute.py",
+        "src/PKG/ema.py",
+        "src/PKG/profiler.py",
+        "src/PKG/sweep.py",
         "src/PKG/launcher.py",
         "src/PKG/provenance.py",
         "tests/tiny.py",
@@ -80,6 +85,9 @@ EXPECTED_FILES = frozenset(
         "tests/test_launcher.py",
         "tests/test_provenance.py",
         "tests/test_monitor.py",
+        "tests/test_ema.py",
+        "tests/test_profiler.py",
+        "tests/test_sweep.py",
     }
 )
 # Each task's own files beyond those (its task.py, data.py, model.py, ... share the same paths).
@@ -156,6 +164,7 @@ def _combinations() -> list[dict[str, str]]:
             {"task": task, "tracker": "wandb", "launcher": "accelerate", "cluster": "all",
              "include_docker": "yes", "include_ci": "no", "license": "Apache-2.0"},
             {"task": task, "tracker": "tensorboard", "python_version": "3.13"},
+            {"task": task, "tracker": "mlflow", "cluster": "slurm", "python_version": "3.10"},
         ]  # fmt: skip
     return combos
 
@@ -259,6 +268,21 @@ def test_pyproject_declares_name_license_and_python(baked):
     assert project["name"] == baked.context["project_slug"]
     assert project["license"] == SPDX[baked.context["license"]]
     assert project["requires-python"] == f">={baked.context['python_version']}"
+
+
+# The package each tracker answer needs, as the generated pyproject.toml names it.
+TRACKER_PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow-skinny"}
+
+
+def test_pyproject_depends_on_the_chosen_tracker_and_offers_every_tracker_as_an_extra(baked):
+    """The tracker answer's package is a dependency (no other tracker's), each tracker an extra."""
+    project = _pyproject(baked)
+    names = {re.match(r"[A-Za-z0-9._-]+", dependency)[0] for dependency in project["dependencies"]}
+    chosen = TRACKER_PACKAGES.get(baked.context["tracker"])
+    assert names & set(TRACKER_PACKAGES.values()) == ({chosen} if chosen else set())
+    extras = project["optional-dependencies"]
+    for tracker, package in TRACKER_PACKAGES.items():
+        assert any(requirement.startswith(package) for requirement in extras[tracker]), tracker
 
 
 def test_license_text_is_the_chosen_one(baked):

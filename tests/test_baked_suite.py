@@ -22,6 +22,7 @@ pytestmark = pytest.mark.baked
 VARIANT_TESTS = {
     "tracker=wandb": ["-m", "not gpu", "tests/test_trackers.py", "tests/test_config.py"],
     "tracker=tensorboard": ["-m", "not gpu", "tests/test_trackers.py", "tests/test_config.py"],
+    "tracker=mlflow": ["-m", "not gpu", "tests/test_trackers.py", "tests/test_config.py"],
     "launcher=accelerate": ["-m", "not gpu", "-k", "accelerate_launch or two_nodes"],
 }
 

@@ -40,6 +40,8 @@ def test_valid_package_names_are_accepted(pre_gen, name):
         ("yaml", "shadow"),
         ("pil", "shadow"),
         ("wandb", "shadow"),
+        ("mlflow", "shadow"),
+        ("sqlalchemy", "shadow"),
         ("sympy", "shadow"),
         ("filelock", "shadow"),
         ("__main__", "dunder"),

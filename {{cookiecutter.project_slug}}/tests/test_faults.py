@@ -166,10 +166,13 @@ def logged(run_dir: Path) -> list[tuple]:
 
 
 def assert_bit_identical(reference: Path, resumed: Path) -> None:
-    """Weights, optimizer moments, scheduler, progress and logged losses all equal, bit for bit."""
+    """Weights (and their average), optimizer moments, scheduler, progress and logged losses all equal,
+    bit for bit."""
     want, got = newest(reference), newest(resumed)
     assert got["progress"] == want["progress"]
     assert all(torch.equal(want["model"][k], got["model"][k]) for k in want["model"]), "weights differ"
+    assert want.get("ema", {}).keys() == got.get("ema", {}).keys()
+    assert all(torch.equal(want["ema"][k], got["ema"][k]) for k in want.get("ema", {})), "weight averages differ"
     assert want["optimizer"]["state"].keys() == got["optimizer"]["state"].keys()
     for name, moments in want["optimizer"]["state"].items():
         assert all(torch.equal(value, got["optimizer"]["state"][name][k]) for k, value in moments.items()), name
@@ -194,11 +197,13 @@ def references(tmp_path_factory):
     return reference
 
 
+# The multi-process setups keep a weight average too (its shards under FSDP), which must resume exactly.
+EMA = "optim.ema_decay=0.9"
 SETUPS = {
     "one-process-workers": (0, ONE_PROCESS),
-    "ddp": (2, [*TWO_PROCESSES, "distributed.strategy=ddp"]),
-    "fsdp": (2, [*TWO_PROCESSES, "distributed.strategy=fsdp"]),  # sharded checkpoints, the default under FSDP
-    "fsdp-async": (2, [*TWO_PROCESSES, "distributed.strategy=fsdp", "trainer.async_checkpoint=true"]),
+    "ddp": (2, [*TWO_PROCESSES, "distributed.strategy=ddp", EMA]),
+    "fsdp": (2, [*TWO_PROCESSES, "distributed.strategy=fsdp", EMA]),  # sharded checkpoints, the default under FSDP
+    "fsdp-async": (2, [*TWO_PROCESSES, "distributed.strategy=fsdp", "trainer.async_checkpoint=true", EMA]),
 }
 SAME_TRAINING = {"fsdp-async": "fsdp"}  # saving in the background changes nothing the run computes
 

@@ -1,24 +1,31 @@
-"""Trackers: wandb and tensorboard get what metrics.jsonl gets, rank 0 only, never the API key.
+"""Trackers: wandb, tensorboard and mlflow get what metrics.jsonl gets, rank 0 only, never a secret.
 
-Every test runs offline (WANDB_MODE=offline or disabled, or a stand-in wandb module): no network.
+Every test runs offline (WANDB_MODE=offline or disabled, or a stand-in wandb module; MLflow stores in
+SQLite files under tmp_path, read back with MlflowClient): no network.
 """
 
 import json
 import math
+import socket
 import sys
 import time
 import types
+from collections import defaultdict
 from pathlib import Path
 
 import pytest
 import yaml
 
-from {{ cookiecutter.package_name }}.metrics import read_metrics
+from {{ cookiecutter.package_name }} import train as train_module
+from {{ cookiecutter.package_name }}.config import TrackerConfig
+from {{ cookiecutter.package_name }}.errors import Preempted
+from {{ cookiecutter.package_name }}.metrics import MetricsLogger, read_metrics
 from {{ cookiecutter.package_name }}.train import main
 
 from conftest import torchrun
 
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # the shape of a wandb API key
+SECRET = "s3cret-pa55word"  # a password that must never reach a store, a file or the terminal
 
 
 @pytest.fixture
@@ -155,3 +162,207 @@ def test_only_rank_0_reports_to_wandb(tiny, run_dir, offline):
     torchrun(2, [*tiny, "tracker.name=wandb", "trainer.max_steps=2"])
     assert len(list((run_dir / "wandb").glob("offline-run-*"))) == 1
     assert Path(run_dir / "wandb_run_id").read_text()
+
+
+@pytest.fixture
+def mlflow_client():
+    """MlflowClient, to read a store back (skips without mlflow, or without the SQLite store's sqlalchemy)."""
+    pytest.importorskip("mlflow")
+    pytest.importorskip("sqlalchemy")
+    from mlflow import MlflowClient
+
+    return MlflowClient
+
+
+def local_store(output_dir: Path) -> str:
+    """The tracking URI of the MLflow store a run keeps in its output directory."""
+    return f"sqlite:///{(output_dir / 'mlruns' / 'mlflow.db').as_posix()}"
+
+
+def flat(config: dict, prefix: str = "") -> dict[str, str]:
+    """A nested config as MLflow params: dotted keys, strings as they are, other values as JSON."""
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            out |= flat(value, f"{prefix}{key}.")
+        else:
+            out[prefix + key] = value if isinstance(value, str) else json.dumps(value)
+    return out
+
+
+def mlflow_values(client, run_id: str) -> dict[tuple[str, int], set[float]]:
+    """{(metric, step): every value MLflow holds for it}."""
+    values = defaultdict(set)
+    for key in client.get_run(run_id).data.metrics:
+        for point in client.get_metric_history(run_id, key):
+            values[key, point.step].add(point.value)
+    return values
+
+
+def test_mlflow_gets_every_logged_value_and_the_config_and_a_resume_continues_its_run(
+    tiny, run_dir, tmp_path, mlflow_client, monkeypatch
+):
+    """Killed after the step-3 checkpoint and resumed, training logs into one MLflow run in
+    output_dir/mlruns/: every metrics.jsonl value at its step (steps after the checkpoint twice, the
+    same values), the resolved config as params, tracker.tags as tags, each start's run_info record,
+    and nothing from the environment."""
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRET)  # credentials for a server: never stored
+    args = [*tiny, "tracker.name=mlflow", "tracker.project=proj", "tracker.tags=[baseline,team=vision]",
+            "trainer.checkpoint_every=3"]  # fmt: skip
+    real_log = train_module.MetricsLogger.log
+
+    def killed_at_step_6(self, metrics, step, epoch):
+        if step >= 6:
+            raise KeyboardInterrupt("simulated kill")
+        real_log(self, metrics, step, epoch)
+
+    monkeypatch.setattr(train_module.MetricsLogger, "log", killed_at_step_6)
+    with pytest.raises(KeyboardInterrupt):
+        main(args)
+    run_id = (run_dir / "mlflow_run_id").read_text()
+    monkeypatch.setattr(train_module.MetricsLogger, "log", real_log)
+    assert main(args) == 0
+    assert (run_dir / "mlflow_run_id").read_text() == run_id
+
+    client = mlflow_client(local_store(run_dir))
+    (run,) = client.search_runs([client.get_experiment_by_name("proj").experiment_id])
+    assert (run.info.run_id, run.info.status, run.info.run_name) == (run_id, "FINISHED", run_dir.name)
+    assert {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")} == {"baseline": "", "team": "vision"}
+    assert run.data.params == flat(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    assert run.data.params["trainer.checkpoint_every"] == "3"
+    assert run.data.params["tracker.tags"] == '["baseline", "team=vision"]'
+
+    logged = mlflow_values(client, run_id)
+    expected = {(k, r["step"]): v for r in read_metrics(run_dir) for k, v in r.items() if k not in ("step", "epoch")}
+    assert logged.keys() == expected.keys()
+    assert all(expected[key] in logged[key] for key in expected)
+    assert all(logged[key] == {value} for key, value in expected.items() if not key[0].startswith("perf/"))
+    assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [2, 4, 4, 6]  # 4 logged again
+
+    assert run.info.artifact_uri.startswith((run_dir / "mlruns").resolve().as_uri())
+    downloaded = Path(client.download_artifacts(run_id, "run_info", str(tmp_path)))
+    starts = [json.loads(path.read_text()) for path in sorted(downloaded.iterdir())]
+    assert starts == json.loads((run_dir / "run_info.json").read_text())["runs"]
+    leaked = [p for p in run_dir.rglob("*") if p.is_file() and SECRET.encode() in p.read_bytes()]
+    assert not leaked, leaked
+
+
+def test_mlflow_tracking_uri_is_honoured_and_a_run_it_lacks_starts_anew(
+    tiny, run_dir, tmp_path, mlflow_client, monkeypatch, caplog
+):
+    """MLFLOW_TRACKING_URI replaces the local store; resuming into a store without the run's MLflow run
+    starts a new one there and says so."""
+    monkeypatch.chdir(tmp_path)  # MLflow keeps the artifacts of a SQLite store it did not create in ./mlruns
+    assert main([*tiny, "tracker.name=mlflow", "trainer.max_steps=2"]) == 0
+    local_id = (run_dir / "mlflow_run_id").read_text()
+    elsewhere = f"sqlite:///{(tmp_path / 'shared.db').as_posix()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", elsewhere)
+    assert main([*tiny, "tracker.name=mlflow", "trainer.max_steps=4"]) == 0
+
+    new_id = (run_dir / "mlflow_run_id").read_text()
+    assert new_id != local_id and f"MLflow run {local_id} is not in {elsewhere}" in caplog.text
+    shared, local = mlflow_client(elsewhere), mlflow_client(local_store(run_dir))
+    assert shared.get_run(new_id).info.status == "FINISHED"
+    assert [m.step for m in shared.get_metric_history(new_id, "train/loss")] == [4]  # resumed from step 2
+    assert [m.step for m in local.get_metric_history(local_id, "train/loss")] == [2]
+
+
+def test_mlflow_run_status_says_how_training_ended_and_non_finite_values_stay_out(
+    tmp_path, mlflow_client, monkeypatch, capsys
+):
+    """A run ends KILLED when preempted, FAILED on an error, FINISHED otherwise; NaN, infinities and None
+    (null in metrics.jsonl) are not logged, a param over MLflow's length limit is cut, and the run address
+    MLflow prints for a server has its credentials masked."""
+    config = {"data": {"root": "x" * 7000}, "optim": {"lr": 0.1}}
+    first = MetricsLogger(tmp_path, TrackerConfig(name="mlflow"), config)
+    first.log({"train/loss": math.nan, "train/grad_norm": math.inf, "val/acc": None, "train/lr": 0.1}, 1, 0)
+    first.close(Preempted("stopped by SIGTERM after step 1"))
+    client = mlflow_client(local_store(tmp_path))
+    run_id = (tmp_path / "mlflow_run_id").read_text()
+    assert client.get_run(run_id).info.status == "KILLED"
+
+    resumed = MetricsLogger(tmp_path, TrackerConfig(name="mlflow"), config)
+    assert client.get_run(run_id).info.status == "RUNNING"
+    resumed.close(RuntimeError("CUDA out of memory"))
+    assert client.get_run(run_id).info.status == "FAILED"
+
+    real = mlflow_client.set_terminated
+
+    def printing_an_address(self, run_id, status=None):  # as MLflow does for a tracking server
+        print(f"View run at: http://alice:{SECRET}@mlflow.example/#/experiments/1/runs/{run_id}")
+        real(self, run_id, status)
+
+    monkeypatch.setattr(mlflow_client, "set_terminated", printing_an_address)
+    MetricsLogger(tmp_path, TrackerConfig(name="mlflow"), config).close()
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics == {"train/lr": 0.1}
+    assert read_metrics(tmp_path)[0]["train/loss"] is None
+    assert run.data.params == {"data.root": "x" * 5997 + "...", "optim.lr": "0.1"}
+    out = capsys.readouterr().out
+    assert "View run at: http://***@mlflow.example/" in out and SECRET not in out
+
+
+def test_mlflow_failing_during_training_is_one_warning_and_training_goes_on(
+    tmp_path, mlflow_client, monkeypatch, caplog
+):
+    """When the server goes away mid-run, one warning (credentials masked) says so, MLflow is left alone
+    from then on, and metrics.jsonl gets every line."""
+    from mlflow.exceptions import MlflowException
+
+    logger = MetricsLogger(tmp_path, TrackerConfig(name="mlflow"), {})
+
+    def unreachable(*args, **kwargs):
+        raise MlflowException(f"API request to http://alice:{SECRET}@mlflow.example/api failed")
+
+    monkeypatch.setattr(mlflow_client, "log_batch", unreachable)
+    monkeypatch.setattr(mlflow_client, "set_terminated", unreachable)
+    logger.log({"train/loss": 1.0}, 2, 0)
+    logger.log({"train/loss": 0.5}, 4, 0)
+    logger.close()
+    assert [r["train/loss"] for r in read_metrics(tmp_path)] == [1.0, 0.5]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "http://***@mlflow.example" in warned[0] and SECRET not in caplog.text
+
+
+def test_unreachable_mlflow_server_exits_2_in_one_line_without_its_password(tiny, monkeypatch, capsys):
+    """An MLflow server nobody answers at stops training before it starts, naming it with its password masked."""
+    pytest.importorskip("mlflow")
+    with socket.socket() as probe:  # a port nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://alice:{SECRET}@127.0.0.1:{port}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    assert main([*tiny, "tracker.name=mlflow"]) == 2
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert errors[0].startswith(f"error: tracker.name=mlflow could not start a run in http://***@127.0.0.1:{port}")
+    assert SECRET not in out + err
+
+
+@pytest.mark.parametrize(
+    ("missing", "says"),
+    [
+        ("mlflow", ["tracker.name=mlflow needs the mlflow-skinny package: pip install mlflow-skinny"]),
+        ("sqlalchemy", ["tracker.name=mlflow could not open the store at", "pip install sqlalchemy alembic"]),
+    ],
+)
+def test_mlflow_without_its_packages_is_a_clear_error(missing, says, tiny, monkeypatch, capsys):
+    """Without mlflow, or the sqlalchemy its local SQLite store needs, training exits 2 saying what to install."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setitem(sys.modules, missing, None)
+    monkeypatch.delitem(sys.modules, "mlflow.store.tracking.sqlalchemy_store", raising=False)  # imported again
+    assert main([*tiny, "tracker.name=mlflow"]) == 2
+    err = capsys.readouterr().err
+    assert all(part in err for part in says), err
+
+
+@pytest.mark.slow
+def test_only_rank_0_reports_to_mlflow(tiny, run_dir, mlflow_client):
+    """Under torchrun with 2 processes, one MLflow run is created, by rank 0, and each step is logged once."""
+    torchrun(2, [*tiny, "tracker.name=mlflow", "trainer.max_steps=2"])
+    client = mlflow_client(local_store(run_dir))
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.run_id for r in runs] == [(run_dir / "mlflow_run_id").read_text()]
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")] == [2]

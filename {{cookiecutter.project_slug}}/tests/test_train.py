@@ -179,10 +179,14 @@ def test_two_processes_match_one_and_resume_on_one(tiny, run_dir, final_weights,
     """2 processes x batch 32 train like 1 x batch 64, count each validation sample once, and resume on 1.
 
     "Like" means: the weights differ by float rounding only (Adam amplifies it a little), at least
-    20x less than after a run that sees other batches (1 process x batch 32).
+    20x less than after a run that sees other batches (1 process x batch 32). Each process writes its
+    own profile of the steps trainer.profile_steps names.
     """
     reference, other_batches = one_process_runs
-    torchrun(2, [*tiny, *EXACT, "data.batch_size=32", f"distributed.strategy={strategy}"])
+    torchrun(
+        2, [*tiny, *EXACT, "data.batch_size=32", f"distributed.strategy={strategy}", "trainer.profile_steps=[2,2]"]
+    )
+    assert sorted(p.name for p in (run_dir / "profile").iterdir()) == ["rank0.json", "rank1.json"]
     records = read_metrics(run_dir)
     assert [r["step"] for r in records if "val/acc" in r] == [3, 6]  # 192 samples / (2 x 32) per step
     assert [r["val/samples"] for r in records if "val/samples" in r] == [101, 101]

@@ -173,6 +173,8 @@ def load_checkpoint(path: Path, map_location="cpu", rank: int = 0, world_size: i
         state = _torch_load(path / sharded.TRAIN_STATE, map_location)
         if not isinstance(state, dict) or "progress" not in state:
             raise CheckpointError(f"{path}: not a training checkpoint of this project (no progress entry)")
+        if state.pop("ema", False):  # the shards hold the weight average too
+            state["ema"] = sharded.ShardedWeights(path, "ema")
         return {**state, "model": sharded.ShardedWeights(path)}
     verify(path)
     state = _torch_load(path, map_location)

@@ -57,6 +57,9 @@ class OptimConfig:
     """Optimizer steps of linear warmup from 0 to optim.lr; cosine decay follows."""
     min_lr_ratio: float = 0.01
     """Learning rate at the end of the cosine decay, as a fraction of optim.lr."""
+    ema_decay: float = 0.0
+    """0: off. Otherwise keep an exponential moving average of the weights (decay per optimizer step, ramped
+    up as min(ema_decay, (1 + step) / (10 + step))); validation, best.safetensors, evaluate and export use it."""
 
 
 @dataclass
@@ -101,21 +104,25 @@ class TrainerConfig:
     FSDP, full otherwise). Either format resumes on any number of processes."""
     async_checkpoint: bool = False
     """Write checkpoints in the background while training goes on (at most one in flight; sharded only)."""
+    profile_steps: list[int] | None = None
+    """[a, b]: record optimizer steps a..b (counted from 1) with torch.profiler, one Chrome/Perfetto trace per
+    process under run.output_dir/profile/ (on CUDA also a memory snapshot); null: off."""
 
 
 @dataclass
 class TrackerConfig:
     name: str = DEFAULT_TRACKER
-    """none, wandb or tensorboard; metrics.jsonl is written in every case."""
+    """none, wandb, tensorboard or mlflow; metrics.jsonl is written in every case."""
     project: str | None = None
-    """wandb project (defaults to the package name)."""
+    """wandb project or MLflow experiment (defaults to the package name)."""
     entity: str | None = None
-    """wandb team or user that owns the project (defaults to your wandb default entity)."""
+    """wandb team or user that owns the project (defaults to your wandb default entity); wandb only."""
     run_name: str | None = None
     """Run name shown by the tracker (defaults to the output_dir's name)."""
     tags: list[str] = field(default_factory=list)
-    """wandb tags, e.g. tracker.tags=[baseline,resnet18]. The wandb mode comes from WANDB_MODE
-    (online, offline, disabled) and the API key from WANDB_API_KEY or `wandb login`, never from here."""
+    """Run tags, e.g. tracker.tags=[baseline,resnet18]; MLflow also takes key=value. The wandb mode comes
+    from WANDB_MODE (online, offline, disabled) and the API key from WANDB_API_KEY or `wandb login`, the
+    MLflow store from MLFLOW_TRACKING_URI (else output_dir/mlruns/), never from here."""
 
 
 @dataclass
@@ -148,7 +155,7 @@ class Config:
 CHOICES = {
     "run.device": ("auto", "cpu", "cuda"),
     "trainer.precision": ("fp32", "bf16", "fp16"),
-    "tracker.name": ("none", "wandb", "tensorboard"),
+    "tracker.name": ("none", "wandb", "tensorboard", "mlflow"),
     "distributed.strategy": ("auto", "none", "ddp", "fsdp"),
     "distributed.backend": ("auto", "nccl", "gloo"),
     "trainer.checkpoint_format": ("auto", "sharded", "full"),
@@ -298,6 +305,14 @@ def validate(cfg: Config) -> None:
         )
     if cfg.trainer.monitor_mode not in (None, "max", "min"):
         raise ConfigError(f"trainer.monitor_mode={cfg.trainer.monitor_mode!r} is not allowed; choose max or min")
+    if not 0.0 <= cfg.optim.ema_decay < 1.0:
+        raise ConfigError(f"optim.ema_decay={cfg.optim.ema_decay} must be 0 (off) or between 0 and 1, e.g. 0.999")
+    profile = cfg.trainer.profile_steps
+    if profile is not None and (len(profile) != 2 or not 1 <= profile[0] <= profile[1]):
+        raise ConfigError(
+            f"trainer.profile_steps={list(profile)} must be two optimizer steps [a, b] with 1 <= a <= b, "
+            "e.g. trainer.profile_steps=[10,15], or null"
+        )
     if cfg.trainer.early_stop_patience < 0:
         raise ConfigError(f"trainer.early_stop_patience={cfg.trainer.early_stop_patience} must be 0 (off) or more")
     if cfg.trainer.async_checkpoint and cfg.trainer.checkpoint_format == "full":

@@ -273,15 +273,19 @@ def gradient_sync(model: nn.Module, enabled: bool):
     return contextlib.nullcontext()
 
 
-def broadcast_buffers(model: nn.Module) -> None:
+def broadcast_buffers(model: nn.Module, ddp: bool = False) -> None:
     """FSDP: give every rank rank 0's floating-point buffers (e.g. BatchNorm statistics), like DDP.
 
     fully_shard shards parameters only; each rank's BatchNorm statistics would otherwise drift
     apart on its own batches, so ranks would validate different models and a checkpoint (rank 0's)
     would not restore the others. DDP broadcasts them before every forward; this does it once per
     optimizer step, as one flat tensor. A no-op without FSDP or without such buffers.
+
+    ddp=True: under DDP too (the weight average, optim.ema_decay, averages every rank's buffers
+    after the step, which must be rank 0's for the ranks to agree and a resume to be exact).
     """
-    if not isinstance(getattr(model, "_orig_mod", model), FSDPModule):
+    inner = getattr(model, "_orig_mod", model)
+    if not (isinstance(inner, FSDPModule) or (ddp and isinstance(inner, DistributedDataParallel))):
         return
     buffers = [b for b in model.buffers() if b.is_floating_point()]
     if buffers:

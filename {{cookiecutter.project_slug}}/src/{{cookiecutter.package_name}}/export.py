@@ -4,7 +4,8 @@
     python -m PACKAGE.export --checkpoint runs/demo/checkpoints/step_00000120.pt
 
 Writes <output_dir>/export/model.safetensors (plain weights, keys without module. / _orig_mod.
-prefixes, the same for a DDP, FSDP or compiled run) and <output_dir>/export/model.pt2, a
+prefixes, the same for a DDP, FSDP or compiled run; for a run with optim.ema_decay > 0 the weights'
+moving average, unless --weights raw: its header's "weights" says which) and <output_dir>/export/model.pt2, a
 torch.export program that classifies a batch of normalised images without this project's code:
 
     program = torch.export.load("model.pt2").module()
@@ -44,10 +45,11 @@ def export_checkpoint(cfg: Config, path: Path, state: dict) -> Path:
     task = Task(cfg, torch.device("cpu"))
     task.datasets()  # the model's shape follows the data (its number of classes)
     model = task.build_model()
-    load_model_weights(model, state["model"], path)
+    load_model_weights(model, state, path)
     out = Path(cfg.run.output_dir) / "export"
+    kind = {"weights": "ema" if "ema" in state else "trained"}  # restore.py: the average unless --weights raw
     with writing(out / "model.safetensors"):
-        save_weights(model.state_dict(), out / "model.safetensors")
+        save_weights(model.state_dict(), out / "model.safetensors", metadata=kind)
     program = export_program(model, *task.export_example())
     with writing(out / "model.pt2"):
         atomic_write(out / "model.pt2", lambda tmp: torch.export.save(program, str(tmp)))
@@ -63,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         if exit_status(err) is None:
             raise  # a bug: its traceback is what helps
         return report(err)
-    print(f"exported {path} to {out}/model.safetensors and {out}/model.pt2")
+    which = "weight average (optim.ema_decay)" if "ema" in state else "weights"
+    print(f"exported {path}'s {which} to {out}/model.safetensors and {out}/model.pt2")
     return 0
 
 

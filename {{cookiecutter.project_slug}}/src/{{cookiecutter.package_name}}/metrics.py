@@ -1,11 +1,10 @@
-"""Metrics: sample-weighted means, metrics.jsonl, and the optional wandb / tensorboard tracker."""
+"""Metrics: sample-weighted means, speed, and metrics.jsonl with its copy to the tracker (trackers.py)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
-import os
-import secrets
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -14,9 +13,12 @@ from pathlib import Path
 import torch
 
 from .checkpoint import atomic_write
-from .config import ConfigError, TrackerConfig
+from .config import TrackerConfig
 from .distributed import all_reduce_sum
 from .errors import OutputError, why_not_written
+from .trackers import open_tracker
+
+log = logging.getLogger(__name__)
 
 
 class SampleMean:
@@ -134,10 +136,7 @@ class MetricsLogger:
         output_dir = Path(output_dir)
         output_dir.mkdir(parents=True, exist_ok=True)
         self.file = open(output_dir / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        if tracker.name == "tensorboard":
-            self.tracker = _TensorBoard(output_dir / "tensorboard", run_info)
-        elif tracker.name == "wandb":  # the run's provenance beside its configuration
-            self.tracker = _Wandb(output_dir, tracker, {**config, "run_info": run_info} if run_info else config)
+        self.tracker = open_tracker(output_dir, tracker, config, run_info)
 
     @classmethod
     def disabled(cls) -> MetricsLogger:
@@ -157,12 +156,14 @@ class MetricsLogger:
         if self.tracker is not None:
             self.tracker.log(metrics, step)
 
-    def close(self) -> None:
+    def close(self, error: BaseException | None = None) -> None:
+        """Close metrics.jsonl and end the tracker's run; `error` is what stopped training, if anything
+        (MLflow records the run as FINISHED, KILLED when preempted or interrupted, or FAILED)."""
         if not self.enabled:
             return
         self.file.close()
         if self.tracker is not None:
-            self.tracker.close()
+            self.tracker.close(error)
 
 
 def json_line(record: dict) -> str:
@@ -193,67 +194,3 @@ def read_metrics(output_dir: Path) -> list[dict]:
     """All records of output_dir/metrics.jsonl."""
     lines = (Path(output_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines if line.strip()]
-
-
-class _TensorBoard:
-    def __init__(self, log_dir: Path, run_info: dict | None = None):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise ConfigError(
-                "tracker.name=tensorboard needs the tensorboard package: pip install tensorboard"
-            ) from None
-        self.writer = SummaryWriter(str(log_dir))
-        if run_info:  # provenance.py's record of this start, as text beside the scalars
-            step = run_info.get("resumed_from_step") or 0
-            self.writer.add_text("run_info", "```\n" + json.dumps(run_info, indent=1) + "\n```", step)
-
-    def log(self, metrics: dict, step: int) -> None:
-        for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step)
-        self.writer.flush()
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-WANDB_MODES = ("online", "offline", "disabled")
-
-
-class _Wandb:
-    """wandb run; the API key comes from the environment or netrc, never from the config."""
-
-    def __init__(self, output_dir: Path, cfg: TrackerConfig, config: dict):
-        try:
-            import wandb
-        except ImportError:
-            raise ConfigError("tracker.name=wandb needs the wandb package: pip install wandb") from None
-        mode = os.environ.get("WANDB_MODE", "online")
-        if mode not in WANDB_MODES:
-            raise ConfigError(f"WANDB_MODE={mode!r} is not one of {', '.join(WANDB_MODES)}")
-        id_file = output_dir / "wandb_run_id"  # a resumed run continues the same wandb run
-        run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(6)
-        id_file.write_text(run_id)
-        try:
-            self.run = wandb.init(
-                project=cfg.project or __package__,
-                entity=cfg.entity,
-                name=cfg.run_name or output_dir.name,
-                tags=list(cfg.tags) or None,
-                id=run_id,
-                resume="allow",
-                dir=str(output_dir),
-                config=config,  # the resolved configuration, as config.yaml holds it
-                mode=mode,
-            )
-        except Exception as err:  # wandb raises many types (no API key, network, permissions)
-            raise ConfigError(
-                f"tracker.name=wandb could not start ({str(err).strip().splitlines()[0]}); run `wandb login`, "
-                "set WANDB_API_KEY, or WANDB_MODE=offline (or tracker.name=none)"
-            ) from None
-
-    def log(self, metrics: dict, step: int) -> None:
-        self.run.log(metrics, step=step)
-
-    def close(self) -> None:
-        self.run.finish()

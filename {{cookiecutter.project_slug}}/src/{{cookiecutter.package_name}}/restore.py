@@ -5,6 +5,10 @@ task's shape (FROM_CHECKPOINT). --config files and key=value overrides win. Ever
 places above all, comes from the command line or the defaults: a checkpoint copied from
 elsewhere never decides where data is read from or anything is written. Outputs go under
 run.output_dir as given on the command line or, for --checkpoint PATH alone, beside it (see beside()).
+
+Which weights: a checkpoint of a run with optim.ema_decay > 0 holds the weights' moving average
+beside them; the commands use the average (what validation measured and best.safetensors holds)
+unless `--weights raw` asks for the trained weights themselves.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from torch import nn
 
 from .checkpoint import latest_checkpoint, load_checkpoint, strip_prefixes
 from .config import Config, load_config, parse_args
+from .ema import load_average_into
 from .errors import CheckpointError, ConfigError
 from .sharded import ShardedWeights, load_weights_into
 from .task_config import FROM_CHECKPOINT, INFERENCE_ONLY
@@ -27,7 +32,7 @@ def restore_trained(argv: list[str], program: str) -> tuple[Config, Path, dict]:
     Defaults < the checkpoint's FROM_CHECKPOINT keys < --config files < key=value overrides.
     run.output_dir is the command line's; with --checkpoint PATH alone, the folder beside it.
     """
-    checkpoint_arg, rest = _checkpoint_option(argv)
+    checkpoint_arg, weights, rest = _checkpoint_option(argv)
     files, overrides = parse_args(rest, program)
     overrides = [*INFERENCE_ONLY, *overrides]
     cfg = load_config(files, overrides)
@@ -44,22 +49,32 @@ def restore_trained(argv: list[str], program: str) -> tuple[Config, Path, dict]:
     cfg = load_config(files, overrides, base=model_and_task(state, path))
     if checkpoint_arg and not _output_dir_given(files, overrides):
         cfg.run.output_dir = str(beside(path))  # set here, not as an override: a path is never parsed
+    if weights == "raw":
+        state.pop("ema", None)
+    elif weights == "ema" and "ema" not in state:
+        raise ConfigError(f"--weights ema: {path} holds no weight average (it was trained with optim.ema_decay=0)")
     return cfg, path, state
 
 
-def _checkpoint_option(argv: list[str]) -> tuple[str | None, list[str]]:
-    checkpoint, rest = None, []
+WEIGHTS = ("ema", "raw")
+
+
+def _checkpoint_option(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
+    """--checkpoint PATH and --weights ema|raw, and the other arguments."""
+    found: dict[str, str | None] = {"--checkpoint": None, "--weights": None}
+    rest = []
     args = iter(argv)
     for arg in args:
-        if arg == "--checkpoint":
-            checkpoint = next(args, None)
-            if checkpoint is None:
-                raise ConfigError("--checkpoint needs a file name")
-        elif arg.startswith("--checkpoint="):
-            checkpoint = arg.split("=", 1)[1]
-        else:
+        option, equals, value = arg.partition("=")
+        if option not in found:
             rest.append(arg)
-    return checkpoint, rest
+            continue
+        found[option] = value if equals else next(args, None)
+        if found[option] is None:
+            raise ConfigError(f"{option} needs a value")
+    if found["--weights"] not in (None, *WEIGHTS):
+        raise ConfigError(f"--weights {found['--weights']!r}: choose ema (the moving average) or raw")
+    return found["--checkpoint"], found["--weights"], rest
 
 
 def model_and_task(state: dict, path: Path) -> dict:
@@ -108,17 +123,22 @@ def trained_step(state: dict) -> int | None:
     return progress.get("step") if isinstance(progress, dict) else None
 
 
-def load_model_weights(model: nn.Module, weights: dict | ShardedWeights, source: Path) -> None:
-    """Load weights saved by any wrapper (DDP, compile) into a plain model, naming the file on mismatch.
-
-    A sharded checkpoint's weights are read from its shards, without its optimizer state."""
-    if isinstance(weights, ShardedWeights):
-        load_weights_into(model, weights.path)
-        return
-    try:
-        model.load_state_dict(strip_prefixes(weights))
-    except RuntimeError as err:
-        raise CheckpointError(f"{source}: does not fit the configured model ({mismatch(err)})") from None
+def load_model_weights(model: nn.Module, state: dict, source: Path) -> None:
+    """Load a checkpoint's weights, saved by any wrapper (DDP, compile), into a plain model, and over
+    them its weight average when it holds one (see restore_trained's --weights; integer buffers stay
+    the model's). A sharded checkpoint's tensors are read from its shards, without the optimizer state.
+    A mismatch names the file."""
+    for key in ("model", "ema") if "ema" in state else ("model",):
+        weights = state[key]
+        try:
+            if isinstance(weights, ShardedWeights):
+                load_weights_into(model, weights.path, weights.key)
+            elif key == "ema":
+                load_average_into(model, weights)
+            else:
+                model.load_state_dict(strip_prefixes(weights))
+        except (RuntimeError, KeyError) as err:
+            raise CheckpointError(f"{source}: does not fit the configured model ({mismatch(err)})") from None
 
 
 def mismatch(err: Exception) -> str:

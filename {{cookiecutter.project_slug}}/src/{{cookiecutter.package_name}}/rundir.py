@@ -58,6 +58,8 @@ RESUME_MAY_CHANGE = (
     "trainer.early_stop_patience",
     "trainer.checkpoint_format",  # both formats resume on any layout
     "trainer.async_checkpoint",
+    "trainer.profile_steps",
+    "optim.ema_decay",  # the average only (validation, export): the weights train the same
     "distributed.strategy",
     "distributed.replicate_degree",
     "distributed.backend",
@@ -74,7 +76,7 @@ OPTIM_KEYS = ("optim.lr", "optim.weight_decay", "optim.warmup_steps", "optim.min
 # set aside by checkpoint.set_aside_later_checkpoints).
 RUN_FILES = (
     "metrics.jsonl", "config.yaml", "run_info.json", "best.safetensors", "best.json", "wandb_run_id", "tensorboard",
-    "eval.json", "export",
+    "mlflow_run_id", "profile", "eval.json", "export",
 )  # fmt: skip
 
 
@@ -164,32 +166,37 @@ def start_in_output_dir(output_dir: Path, cfg: Config, start_step: int, resumed:
         atomic_write(config_file, lambda tmp: tmp.write_text(to_yaml(cfg), encoding="utf-8"))
 
 
-def save_best(weights: dict, output_dir: Path, step: int, metrics: dict, monitor: tuple[str, str]) -> None:
+def save_best(
+    weights: dict, output_dir: Path, step: int, metrics: dict, monitor: tuple[str, str], kind: str = "trained"
+) -> None:
     """best.safetensors, with the step and validation metrics that made it best in its header, and
-    best.json saying the same (monitor: the metric and its mode)."""
+    best.json saying the same (monitor: the metric and its mode; kind: trained weights or their
+    moving average, "ema")."""
     path = output_dir / "best.safetensors"
     with writing(path):
-        save_weights(weights, path, metadata=best_metadata(step, metrics))
-    write_best_json(output_dir, step, metrics, monitor)
+        save_weights(weights, path, metadata=best_metadata(step, metrics, kind))
+    write_best_json(output_dir, step, metrics, monitor, kind)
 
 
-def save_best_sharded(model: nn.Module, output_dir: Path, step: int, metrics: dict, monitor: tuple[str, str]) -> None:
+def save_best_sharded(
+    model: nn.Module, output_dir: Path, step: int, metrics: dict, monitor: tuple[str, str], kind: str = "trained"
+) -> None:
     """save_best for a sharded model (every rank calls it): gathered one tensor at a time."""
-    write_weights_gathered(model, output_dir / "best.safetensors", best_metadata(step, metrics))
-    distributed.on_main(write_best_json, output_dir, step, metrics, monitor)
+    write_weights_gathered(model, output_dir / "best.safetensors", best_metadata(step, metrics, kind))
+    distributed.on_main(write_best_json, output_dir, step, metrics, monitor, kind)
 
 
-def write_best_json(output_dir: Path, step: int, metrics: dict, monitor: tuple[str, str]) -> None:
-    """best.json: which step best.safetensors holds, by which metric and mode, and its validation."""
+def write_best_json(output_dir: Path, step: int, metrics: dict, monitor: tuple[str, str], kind: str) -> None:
+    """best.json: which step best.safetensors holds, by which metric and mode, which weights, and its validation."""
     name, mode = monitor
-    record = {"step": step, "monitor": name, "mode": mode, "value": metrics[name], "metrics": metrics}
+    record = {"step": step, "monitor": name, "mode": mode, "value": metrics[name], "weights": kind, "metrics": metrics}
     path = output_dir / "best.json"
     with writing(path):
         atomic_write(path, lambda tmp: tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8"))
 
 
-def best_metadata(step: int, metrics: dict) -> dict[str, str]:
-    return {"step": str(step), **{k: str(v) for k, v in metrics.items()}}
+def best_metadata(step: int, metrics: dict, kind: str) -> dict[str, str]:
+    return {"step": str(step), "weights": kind, **{k: str(v) for k, v in metrics.items()}}
 
 
 class RunLock:

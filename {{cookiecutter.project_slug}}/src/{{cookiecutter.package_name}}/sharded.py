@@ -54,11 +54,11 @@ warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?una
 
 
 class ShardedWeights:
-    """What a sharded checkpoint's "model" entry holds: where to read the weights from (read lazily,
-    only the tensors a process needs: see load_weights_into and load_training_state)."""
+    """What a sharded checkpoint's "model" (and "ema") entry holds: where to read those weights from
+    (read lazily, only the tensors a process needs: see load_weights_into and load_training_state)."""
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
+    def __init__(self, path: Path, key: str = "model"):
+        self.path, self.key = Path(path), key
 
 
 def temporary_name(directory: Path, step: int) -> Path:
@@ -364,17 +364,23 @@ def _read_error(path: Path, err: BaseException) -> CheckpointError:
     return CheckpointError(f"{path}: cannot read its shards ({reason})")
 
 
-def load_weights_into(model: nn.Module, path: Path) -> None:
-    """Read a sharded checkpoint's weights into an unsharded model, and no optimizer state: each
-    process reads on its own (evaluate, export, generate)."""
+def load_weights_into(model: nn.Module, path: Path, key: str = "model") -> None:
+    """Read a sharded checkpoint's weights (key "ema": their average) into an unsharded model, and no
+    optimizer state: each process reads on its own (evaluate, export, generate)."""
     from torch.distributed.checkpoint import load
 
-    weights = model.state_dict()
+    from .ema import averaged_tensors
+
+    if key == "model":
+        weights = model.state_dict()
+    else:  # the average is read in place: parameters and floating-point buffers (integer ones are the model's)
+        weights = {name: tensor.detach() for name, tensor in averaged_tensors(model).items()}
     try:
-        load({"model": weights}, checkpoint_id=str(path), no_dist=True)
+        load({key: weights}, checkpoint_id=str(path), no_dist=True)
     except (Exception, CheckpointException) as err:
         raise _read_error(path, root_cause(err)) from None
-    model.load_state_dict(weights)
+    if key == "model":
+        model.load_state_dict(weights)
 
 
 def read_in_full(path: Path) -> dict:
@@ -477,13 +483,17 @@ def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     return {"model": weights, "optimizer": optim_state}
 
 
-def load_training_state(model: nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
+def load_training_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, path: Path, extra: dict | None = None
+) -> None:
     """Read a sharded checkpoint into this process's model and optimizer, resharding as needed:
-    a checkpoint written by N processes loads on M, under FSDP, DDP or one process."""
+    a checkpoint written by N processes loads on M, under FSDP, DDP or one process. extra: more
+    entries the checkpoint holds (the weight average), read in place into the tensors given."""
     from torch.distributed.checkpoint import load
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
     state = sharded_state(model, optimizer)  # the optimizer's state is created (zeros) to be filled
+    state.update(extra or {})
     try:
         load(state, checkpoint_id=str(path), no_dist=not distributed.joined())
     except (Exception, CheckpointException) as err:

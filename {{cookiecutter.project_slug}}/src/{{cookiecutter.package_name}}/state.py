@@ -17,6 +17,7 @@ from torch import nn
 from . import distributed
 from .checkpoint import rng_state, save_checkpoint, set_rng_state
 from .config import Config, to_dict
+from .ema import WeightAverage
 from .errors import CheckpointError, OutputError, why_not_written
 from .metrics import SampleMean
 from .optim import REMEDIES, Diverged, apply_optim_config, check_finite, refresh_learning_rate
@@ -86,6 +87,7 @@ class TrainState:
     running: SampleMean = field(default_factory=SampleMean)  # train/loss since the last log line
     nonfinite: list[torch.Tensor] = field(default_factory=list)
     saver: ShardedSaver | None = None  # trainer.checkpoint_format=sharded: writes checkpoints/step_N/
+    ema: WeightAverage | None = None  # optim.ema_decay > 0: the weights' moving average
 
     def check_updates(self) -> None:
         """At log and save time only (a host sync): stop if any update was non-finite (fp16: count it)."""
@@ -110,6 +112,7 @@ class TrainState:
         if tensors:
             weights = distributed.full_model_state(self.model)
             optim_state = distributed.full_optimizer_state(self.model, self.optimizer)
+            average = self.ema.full_state_dict() if self.ema else None
         mine = {
             "rng": rng_state(),
             "loader": self.loader_generator.get_state(),
@@ -126,7 +129,10 @@ class TrainState:
             "ranks": per_rank,
             "config": config,
         }
-        return {**state, "model": weights, "optimizer": optim_state} if tensors else state
+        if not tensors:  # the shards hold the tensors; this says whether they include the average
+            return {**state, "ema": True} if self.ema else state
+        state.update(model=weights, optimizer=optim_state)
+        return {**state, "ema": average} if self.ema else state
 
     def load_state_dict(self, state: dict, path: Path, rank: int, world_size: int) -> None:
         """Restore what state_dict() returned; a rank the checkpoint did not have keeps its fresh seed."""
@@ -136,15 +142,24 @@ class TrainState:
                 f"({FORMAT_VERSION}); update the project to resume it"
             )
         self.progress.load_state_dict(state["progress"])
+        average = state.get("ema") if self.ema else None
         try:
             if isinstance(state["model"], ShardedWeights):  # each process reads the parts it holds
-                load_training_state(self.model, self.optimizer, state["model"].path)
+                extra = {"ema": self.ema.state_dict()} if average is not None else None
+                load_training_state(self.model, self.optimizer, state["model"].path, extra)
             else:
                 distributed.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+                if average is not None:
+                    self.ema.load_full_state_dict(average)
             self.scheduler.load_state_dict(state["scheduler"])
             self.scaler.load_state_dict(state["scaler"])
         except (RuntimeError, KeyError, ValueError) as err:
             raise CheckpointError(f"{path}: does not fit the configured model ({mismatch(err)})") from None
+        if self.ema and average is None:
+            self.ema.reset()
+            log.info("optim.ema_decay turned on: the weight average starts at step %d's weights", self.progress.step)
+        elif "ema" in state and not self.ema:
+            log.info("optim.ema_decay=0: the checkpoint's weight average is not kept")
         if rank < len(state["ranks"]):
             mine = state["ranks"][rank]
             set_rng_state(mine["rng"])
@@ -162,10 +177,13 @@ class TrainState:
         if self.running.count:  # the same on every rank: all check, or none does
             check_finite("train/loss", self.running.global_mean(), self.progress.step, cfg.trainer.precision)
         if self.saver is not None:
+            tensors = sharded_state(self.model, self.optimizer)
+            if self.ema:
+                tensors["ema"] = self.ema.state_dict()
             self.saver.start(
                 checkpoints,
                 self.progress.step,
-                sharded_state(self.model, self.optimizer),
+                tensors,
                 self.state_dict(to_dict(cfg), tensors=False),
                 cfg.trainer.keep_last,
             )

@@ -90,6 +90,8 @@ def train_step(
     else:
         step_if_finite(optimizer, bad)
     state.scheduler.step()  # per optimizer step, not per micro-batch
-    distributed.broadcast_buffers(model)  # FSDP: one set of BatchNorm statistics, as DDP keeps
+    distributed.broadcast_buffers(model, ddp=state.ema is not None)  # one set of BatchNorm statistics
     progress.step += 1
+    if state.ema is not None:  # optim.ema_decay: the moving average follows the updated weights
+        state.ema.update(progress.step)
     return StepResult(grad_norm, lr, samples)

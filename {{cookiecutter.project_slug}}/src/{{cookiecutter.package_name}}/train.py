@@ -19,6 +19,7 @@ writing a checkpoint (run the same command again).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import math
@@ -35,12 +36,14 @@ from tqdm import tqdm
 from . import distributed, provenance
 from .checkpoint import remove_stale_temporaries, resume_state
 from .config import Config, ConfigError, load_config, parse_args, to_dict
+from .ema import WeightAverage
 from .errors import PREEMPTED_EXIT, RUNTIME_FAILURE, Preempted, exit_status, report
 from .launcher import check_accelerate_fsdp
 from .loaders import build_train_loader, build_val_loader, shut_down_workers
 from .metrics import MetricsLogger, PerfMeter
 from .optim import build_optimizer, check_finite, warmup_cosine
 from .preemption import StopRequest
+from .profiler import StepProfiler
 from .provenance import append_record, run_record
 from .rundir import claim_output_dir, save_best, save_best_sharded, start_in_output_dir
 from .sharded import ShardedSaver, holds_shards
@@ -139,6 +142,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
         loader_generator=train_loader.generator,
         device=env.device,
         saver=ShardedSaver(tcfg.async_checkpoint) if checkpoint_format(cfg) == "sharded" else None,
+        ema=WeightAverage(model, cfg.optim.ema_decay) if cfg.optim.ema_decay else None,
     )
     progress = state.progress
 
@@ -156,17 +160,31 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     monitor, mode = monitored(cfg)
     patience = tcfg.early_stop_patience
 
+    def validated_weights():
+        """Inside, the model holds the weights validation measures: the moving average under optim.ema_decay."""
+        return state.ema.swapped_in(model) if state.ema else contextlib.nullcontext()
+
+    def measure() -> dict:
+        """The validation metrics; with a weight average, the trained weights' beside them as val_raw/*."""
+        with validated_weights():
+            val = task.validate(distributed.without_ddp(model), val_loader)
+        if state.ema:
+            raw = task.validate(distributed.without_ddp(model), val_loader)
+            val.update({key.replace("val/", "val_raw/", 1): raw[key] for key in VAL_METRICS})
+        return val
+
     def validate() -> dict:
         """Validate, keep best.safetensors, log; every rank runs it (FSDP forwards are collectives)."""
         with perf.excluded():  # validation and saving are not training time
-            val = task.validate(distributed.without_ddp(model), val_loader)
+            val = measure()
             check_finite("val/loss", val["val/loss"], progress.step, tcfg.precision)  # before anything is saved
             if progress.record_validation(val[monitor], mode):  # the same on every rank: metrics are global
-                if holds_shards(model):  # never the whole model on one process
-                    save_best_sharded(model, output_dir, progress.step, val, (monitor, mode))
-                else:
-                    weights = distributed.full_model_state(model)
-                    distributed.on_main(save_best, weights, output_dir, progress.step, val, (monitor, mode))
+                best = (output_dir, progress.step, val, (monitor, mode), "ema" if state.ema else "trained")
+                with validated_weights():
+                    if holds_shards(model):  # never the whole model on one process
+                        save_best_sharded(model, *best)
+                    else:
+                        distributed.on_main(save_best, distributed.full_model_state(model), *best)
             val[best_key(monitor)] = progress.best
             distributed.on_main(logger.log, val, progress.step, progress.epoch)
             log.info("epoch %d step %d: %s", progress.epoch, progress.step, task.summary(val))
@@ -178,6 +196,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
 
     val: dict = {}
     perf = PerfMeter(env.device, env.world_size)
+    profiler = StepProfiler(tcfg.profile_steps, output_dir / "profile", env.rank, env.device)
     finished = False
     try:
         while progress.epoch < tcfg.max_epochs and progress.step < total_steps and not stopped_early():
@@ -194,7 +213,9 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
             )
             batches = iter(bar)
             for _ in range(left // accum):
+                profiler.before_step(progress.step + 1)
                 result = train_step(state, itertools.islice(batches, accum), task.loss, tcfg, global_micro)
+                profiler.after_step(progress.step)
                 perf.samples, perf.steps = perf.samples + result.samples, perf.steps + 1
                 state.poll_save()  # an asynchronous save is committed once every rank wrote it
                 if progress.step % tcfg.log_every == 0:
@@ -230,7 +251,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
             with perf.excluded():
                 state.save(checkpoints, cfg, wait=progress.step >= total_steps or stopped_early())
         if not val:  # resumed a finished run: report its metrics again
-            val = task.validate(distributed.without_ddp(model), val_loader)
+            val = measure()
         if stopped_early():
             log.info(
                 "stopped early at step %d: %s has not improved on %.4f (step %d) in %d validations",
@@ -241,7 +262,8 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     finally:
         if not finished:
             state.finish_saves(failed=True)  # a checkpoint every rank wrote still counts
-        logger.close()
+        profiler.close()
+        logger.close(sys.exc_info()[1])  # how training ended: the tracker records it (mlflow's run status)
         shut_down_workers(train_loader, val_loader)
     return {**val, "best": progress.best, "monitor": monitor, "step": progress.step, "epoch": progress.epoch}
 

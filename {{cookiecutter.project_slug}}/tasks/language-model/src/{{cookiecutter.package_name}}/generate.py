@@ -76,7 +76,7 @@ def generate(argv: list[str]) -> tuple[str, str]:
     task.datasets()  # the vocabulary and the tokenizer
     tokenizer = task.data.tokenizer
     model = task.build_model()
-    load_model_weights(model, state["model"], path)
+    load_model_weights(model, state, path)
     model.to(device)
     generator = torch.Generator(device).manual_seed(options.seed)
     prompt = tokenizer.encode(options.prompt)
