@@ -32,7 +32,18 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]  # src/PACKAGE/provenance.py 
 # The command line of this start: set by the entry point (train.main) to the arguments it was given.
 command_line: list[str] = [Path(sys.executable).name, *sys.argv]
 # What the record lists when the project is not installed (run from its source tree).
-CORE_PACKAGES = ("torch", "torchvision", "numpy", "omegaconf", "safetensors", "tqdm", "tokenizers", "wandb", "mlflow-skinny", "optuna")
+CORE_PACKAGES = (
+    "torch",
+    "torchvision",
+    "numpy",
+    "omegaconf",
+    "safetensors",
+    "tqdm",
+    "tokenizers",
+    "wandb",
+    "mlflow-skinny",
+    "optuna",
+)
 
 
 def run_record(resumed_from_step: int | None) -> dict:
