@@ -88,6 +88,7 @@ EXPECTED_FILES = frozenset(
         "tests/test_ema.py",
         "tests/test_profiler.py",
         "tests/test_sweep.py",
+        "tests/test_device_loader.py",
     }
 )
 # Each task's own files beyond those (its task.py, data.py, model.py, ... share the same paths).

@@ -17,12 +17,13 @@ pytestmark = pytest.mark.baked
 # (test_readme_install_then_tests_pass), and its slow tests in test_baked_slow_tests_pass; the
 # language-model bake's suite runs whole once, slow tests included. Each other bake runs only the
 # tests that touch what its answer changes: the tracker answer changes the default tracker and the
-# dependencies (the tracker and config tests); the launcher answer changes the README and runs the
-# launch tests.
+# dependencies (that tracker's tests and the defaults test; every tracker's slow rank-0 test runs in
+# the default bake's slow suite); the launcher answer changes the README and runs the launch tests.
+TRACKER_TESTS = ["-m", "not gpu and not slow", "tests/test_trackers.py", "tests/test_config.py"]
 VARIANT_TESTS = {
-    "tracker=wandb": ["-m", "not gpu", "tests/test_trackers.py", "tests/test_config.py"],
-    "tracker=tensorboard": ["-m", "not gpu", "tests/test_trackers.py", "tests/test_config.py"],
-    "tracker=mlflow": ["-m", "not gpu", "tests/test_trackers.py", "tests/test_config.py"],
+    "tracker=wandb": [*TRACKER_TESTS, "-k", "wandb or defaults"],
+    "tracker=tensorboard": [*TRACKER_TESTS, "-k", "tensorboard or defaults"],
+    "tracker=mlflow": [*TRACKER_TESTS, "-k", "mlflow or defaults"],
     "launcher=accelerate": ["-m", "not gpu", "-k", "accelerate_launch or two_nodes"],
 }
 

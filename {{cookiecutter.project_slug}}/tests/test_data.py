@@ -7,9 +7,18 @@ from PIL import Image
 from torchvision.transforms import v2
 
 from {{ cookiecutter.package_name }}.config import ConfigError, DataConfig, load_config
-from {{ cookiecutter.package_name }}.data import MEAN_STD, DeviceImages, SeededAugmentation, SyntheticImages, build_datasets
+from {{ cookiecutter.package_name }}.data import (
+    MEAN_STD,
+    DeviceImages,
+    DeviceImageSet,
+    SeededAugmentation,
+    SyntheticImages,
+    build_datasets,
+    build_transforms,
+    device_image_set,
+)
 from {{ cookiecutter.package_name }}.errors import DataError
-from {{ cookiecutter.package_name }}.loaders import ResumableSampler, build_train_loader, build_val_loader
+from {{ cookiecutter.package_name }}.loaders import ResumableSampler, build_train_loader, build_val_loader, sample_bits
 
 from conftest import torchrun
 
@@ -301,3 +310,69 @@ def test_a_failed_run_leaves_no_worker_processes(tiny, monkeypatch):
     assert train_module.main([*tiny, "data.num_workers=2"]) == 1
     assert kept[-1].__traceback__ is not None
     assert multiprocessing.active_children() == []
+
+
+def test_device_crops_and_flips_are_reflect_padding_then_a_crop():
+    """Each image of a device batch is the crop of its reflect-padded copy at the offset its bits
+    draw, flipped when they say so: what RandomCrop(padding, reflect) + RandomHorizontalFlip make."""
+    images = torch.randint(0, 256, (6, 3, 16, 16), dtype=torch.uint8)
+    data = DeviceImageSet(images, torch.arange(6), torch.device("cpu"), seed=3, augment=True)
+    indices = torch.tensor([5, 0, 3, 3, 1, 2, 4, 0])
+    crops, targets = data.batch(2, indices)
+    assert crops.shape == (8, 3, 16, 16) and crops.dtype == torch.uint8 and torch.equal(targets, indices)
+    bits = sample_bits(3, 2, indices)
+    padded = torch.nn.functional.pad(images.float(), (2, 2, 2, 2), mode="reflect")
+    for crop, index, draw in zip(crops, indices.tolist(), bits.tolist(), strict=True):
+        dy, dx, flip = draw % 5, (draw >> 20) % 5, (draw >> 40) & 1
+        expected = padded[index, :, dy : dy + 16, dx : dx + 16]
+        assert torch.equal(crop.float(), expected.flip(-1) if flip else expected)
+    unaugmented, _ = data.batch(None, indices)  # validation: the images as they are
+    assert torch.equal(unaugmented, images[indices])
+
+
+def test_device_augmentation_depends_on_seed_epoch_and_sample_only():
+    """A sample's crop and flip do not depend on the batch it is in (so not on the number of processes
+    or a resume), change with the epoch and the seed, and cover every offset and both flips evenly."""
+    images = torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8)
+    data = DeviceImageSet(images, torch.zeros(64), torch.device("cpu"), seed=0, augment=True)
+    alone = torch.stack([data.batch(1, torch.tensor([i]))[0][0] for i in range(8)])
+    together = data.batch(1, torch.arange(8).flip(0))[0].flip(0)
+    assert torch.equal(alone, together)
+    assert not torch.equal(data.batch(2, torch.arange(8))[0], alone)
+    other_seed = DeviceImageSet(images, torch.zeros(64), torch.device("cpu"), seed=1, augment=True)
+    assert not torch.equal(other_seed.batch(1, torch.arange(8))[0], alone)
+    bits = sample_bits(0, 0, torch.arange(20_000))
+    offsets = torch.stack([bits % 5, (bits >> 20) % 5]).flatten()
+    assert torch.bincount(offsets, minlength=5).div(40_000).sub(0.2).abs().max() < 0.01
+    assert abs(((bits >> 40) & 1).float().mean().item() - 0.5) < 0.01
+
+
+def test_device_sets_hold_the_decoded_images_and_cache_imagefolder_decoding(tmp_path, caplog):
+    """Synthetic images go to the device as they are; an ImageFolder is decoded once (resized and centre
+    cropped like its validation images), cached beside the data, and read from the cache the next time
+    (a changed file decodes again)."""
+    cfg = small()
+    train_set, _, _ = build_datasets(cfg)
+    assert torch.equal(device_image_set(train_set, cfg, torch.device("cpu")).images, train_set.images)
+    for split in ("train", "val"):
+        for label in ("a", "b"):
+            (tmp_path / split / label).mkdir(parents=True)
+            for i in range(3):
+                color = (40 * i, 200 if label == "a" else 10, 90)
+                Image.new("RGB", (20 + i, 24), color).save(tmp_path / split / label / f"{i}.png")
+    cfg = small(name="imagefolder", root=str(tmp_path), image_size=16)
+    _, val_set, _ = build_datasets(cfg)
+    with caplog.at_level("INFO"):
+        first = device_image_set(val_set, cfg, torch.device("cpu"))
+    assert "decoding 6 images" in caplog.text and (tmp_path / "val" / ".decoded-val-16px.pt").is_file()
+    resize = build_transforms(cfg, train=False)
+    expected = torch.stack([resize(Image.open(path).convert("RGB")) for path, _ in val_set.samples])
+    assert torch.equal(first.images, expected) and first.targets.tolist() == [0, 0, 0, 1, 1, 1]
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        again = device_image_set(val_set, cfg, torch.device("cpu"))
+    assert "decoding" not in caplog.text and torch.equal(again.images, first.images)
+    Image.new("RGB", (20, 24), (1, 2, 3)).save(tmp_path / "val" / "a" / "0.png")
+    with caplog.at_level("INFO"):
+        changed = device_image_set(val_set, cfg, torch.device("cpu"))
+    assert "decoding 6 images" in caplog.text and not torch.equal(changed.images, first.images)

@@ -51,8 +51,10 @@ from tiny import RANDOM_DATA, VAL_KEYS
 
 # Augmentation on, log windows that straddle checkpoints (log_every=3, checkpoint_every=2).
 RESUMABLE = [*RANDOM_DATA, "trainer.checkpoint_every=2", "trainer.log_every=3", "trainer.keep_last=2"]
-ONE_PROCESS = [*RESUMABLE, "data.num_workers=2", "trainer.max_epochs=8"]  # 6 steps per epoch
-TWO_PROCESSES = [*RESUMABLE, "trainer.max_epochs=8"]  # 3 steps per epoch: 192 samples / (2 x 32)
+# One process loads with DataLoader workers (which signals reach too), two processes gather their
+# batches on the device (data.loader=device): both pipelines must resume bit-exactly.
+ONE_PROCESS = [*RESUMABLE, "data.loader=workers", "data.num_workers=2", "trainer.max_epochs=8"]  # 6 steps per epoch
+TWO_PROCESSES = [*RESUMABLE, "data.loader=device", "trainer.max_epochs=8"]  # 3 steps per epoch: 192 samples / (2 x 32)
 
 # Runs training with a fault injected right after optimizer step FAULT_STEP on rank FAULT_RANK,
 # only in a process's first life (torchrun sets TORCHELASTIC_RESTART_COUNT on restarts).

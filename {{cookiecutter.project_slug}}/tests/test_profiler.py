@@ -9,6 +9,9 @@ import pytest
 from {{ cookiecutter.package_name }}.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.train import main
 
+# The first test (a trace of the task's own model) runs in every task's bake; the rest are the same for every task.
+CORE = pytest.mark.core
+
 
 def profiled_steps(trace: dict) -> list[int]:
     """The optimizer steps a trace has a ProfilerStep#N span for."""
@@ -43,17 +46,20 @@ def test_profile_steps_writes_a_perfetto_trace_of_exactly_those_steps(tiny, run_
     assert any(e.get("name") == "[memory]" for e in trace["traceEvents"]), "memory events not recorded"
 
 
+@CORE
 def test_a_run_that_ends_inside_the_window_writes_what_it_recorded(tiny, run_dir):
     """A window past the end of training: the steps that ran are written when the run ends."""
     assert main([*tiny, "trainer.max_steps=3", "trainer.profile_steps=[3,10]"]) == 0
     assert profiled_steps(json.loads((run_dir / "profile" / "rank0.json").read_text())) == [3]
 
 
+@CORE
 def test_without_profile_steps_nothing_is_profiled(tiny, run_dir):
     assert main([*tiny, "trainer.max_steps=2"]) == 0
     assert not (run_dir / "profile").exists()
 
 
+@CORE
 @pytest.mark.parametrize("steps", ["[3]", "[0,2]", "[5,4]", "[1,2,3]"])
 def test_profile_steps_must_be_a_window_of_optimizer_steps(steps, tiny):
     with pytest.raises(ConfigError, match=r"trainer.profile_steps=.* must be two optimizer steps \[a, b\]"):

@@ -243,6 +243,7 @@ def test_torchrun_workers_stop_with_a_checkpoint_when_the_sweep_is_killed(tmp_pa
     assert [(run["resumed_from_step"], run["world_size"]) for run in starts] == [(None, 2), (stopped_at, 2)]
 
 
+@pytest.mark.core  # the same for every task
 @pytest.mark.parametrize(
     ("keys", "args", "expected"),
     [
@@ -267,6 +268,7 @@ def test_a_bad_sweep_file_exits_2_with_one_line_before_any_trial(keys, args, exp
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.core  # the same for every task
 def test_a_configuration_error_in_a_trial_stops_the_sweep_with_exit_2(tmp_path, capsys):
     """A configuration that only training finds wrong fails every trial alike: the first one's error
     line ends the sweep with exit status 2 instead of starting the next."""
@@ -277,6 +279,7 @@ def test_a_configuration_error_in_a_trial_stops_the_sweep_with_exit_2(tmp_path, 
     assert [t["state"] for t in summary(tmp_path)] == ["FAIL"]
 
 
+@pytest.mark.core  # the same for every task
 def test_a_second_sweep_in_the_same_directory_is_refused(tmp_path, capsys):
     """Two sweeps cannot share an output_dir (each would take the other's running trial for a dead one)."""
     path = sweep_file(tmp_path)
@@ -297,6 +300,7 @@ def test_the_shipped_sweep_file_searches_the_training_config(tmp_path, monkeypat
     assert yaml.safe_load((tmp_path / "w.yaml").read_text())["metric"]["name"] == METRIC
 
 
+@pytest.mark.core  # the same for every task
 def test_the_wandb_sweep_file_searches_the_same_space_through_wandb_agent(tmp_path, monkeypatch):
     """--wandb-sweep-file writes the same search for `wandb agent`: each distribution in wandb's terms,
     the metric and its goal, and a command whose key=value arguments train in a directory per run."""

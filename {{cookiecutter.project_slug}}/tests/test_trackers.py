@@ -24,6 +24,8 @@ from {{ cookiecutter.package_name }}.train import main
 
 from conftest import torchrun
 
+pytestmark = pytest.mark.core  # task-independent: the template runs it in one task's bake
+
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # the shape of a wandb API key
 SECRET = "s3cret-pa55word"  # a password that must never reach a store, a file or the terminal
 

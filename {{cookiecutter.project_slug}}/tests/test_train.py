@@ -239,10 +239,10 @@ def same_on_every_rank(model):
     dist.all_gather(everyone, mine)
     return all(torch.equal(everyone[0], other) for other in everyone)
 
-def broadcast_and_compare(model):
+def broadcast_and_compare(model, **options):
     seen["steps"] += 1
     seen["differed_before"] += not same_on_every_rank(model)
-    broadcast_buffers(model)
+    broadcast_buffers(model, **options)
     seen["differ_after"] += not same_on_every_rank(model)
 
 distributed.broadcast_buffers = broadcast_and_compare

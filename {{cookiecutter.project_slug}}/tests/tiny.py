@@ -17,6 +17,8 @@ TINY = [
 ]
 # Random draws of the training data that a resumed run must repeat exactly.
 RANDOM_DATA = ["data.augment=true"]
+# No random draws of the training data: both loaders (data.loader=device, workers) hand over the same batches.
+SAME_DATA = ["data.augment=false"]
 # Keys of a validation line, and the one that counts what was validated with the set's size.
 VAL_KEYS = ("val/loss", "val/acc", "val/samples")
 VAL_COUNT = ("val/samples", 101)

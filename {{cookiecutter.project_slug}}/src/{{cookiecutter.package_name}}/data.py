@@ -1,21 +1,31 @@
 """Image data sets: synthetic (default), CIFAR-10 and ImageFolder, their transforms, and the
 normalisation on the device. The loaders that split them across processes are in loaders.py.
+
+With data.loader=device a whole set lives on the training device as one uint8 tensor
+(DeviceImageSet): training batches are cropped (reflect padding) and flipped there as a whole,
+drawn per (seed, epoch, sample). ImageFolder's images (and CIFAR-10's at another size) are decoded
+once, resized and centre-cropped to data.image_size, and cached beside the data.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 from pathlib import Path
 
 import torch
 from PIL import Image
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 from torchvision import datasets
 from torchvision.transforms import v2
 
 from . import distributed
 from .errors import DataError
+from .loaders import sample_bits
 from .task_config import DataConfig
+
+log = logging.getLogger(__name__)
 
 MEAN_STD = {
     "synthetic": ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
@@ -207,3 +217,108 @@ class SeededAugmentation(Dataset):
         if not self.augment:
             return [self.dataset[index] for _, index in keys]
         return [self[key] for key in keys]
+
+
+class DeviceImageSet:
+    """A data set's images (uint8, N x C x H x W) and labels on the training device.
+
+    batch(epoch, indices) gathers a batch there. For training (an epoch given, data.augment on) each
+    image is cropped from its reflect-padded copy at an offset in [-padding, padding] and flipped
+    with probability 1/2, both drawn from sample_bits(seed, epoch, index): one gather for the whole
+    batch, the same crops for any number of processes and after a resume. The batch comes out in
+    channels_last layout (what the gather writes); DeviceImages turns it into the model's layout.
+    """
+
+    def __init__(self, images: torch.Tensor, targets: torch.Tensor, device: torch.device, *, seed=0, augment=False):
+        self.device, self.seed, self.augment = device, seed, augment
+        self.images = images.to(device)
+        self.targets = targets.to(device, torch.int64)
+        height, width = images.shape[-2:]
+        self.padding = min(height, width) // 8  # as the workers' RandomCrop pads
+        self.rows = torch.arange(height, device=device)
+        self.cols = torch.arange(width, device=device)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    @property
+    def nbytes(self) -> int:
+        return self.images.nbytes + self.targets.nbytes
+
+    def batch(self, epoch: int | None, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        targets = self.targets[indices]
+        if epoch is None or not self.augment or self.padding == 0:
+            return self.images[indices], targets
+        bits = sample_bits(self.seed, epoch, indices)
+        span = 2 * self.padding + 1
+        dy = bits % span - self.padding
+        dx = (bits >> 20) % span - self.padding
+        flip = ((bits >> 40) & 1).bool()
+        rows = _reflect(dy[:, None] + self.rows, len(self.rows))
+        cols = _reflect(dx[:, None] + self.cols, len(self.cols))
+        cols = torch.where(flip[:, None], cols.flip(1), cols)
+        crops = self.images[indices[:, None, None], :, rows[:, :, None], cols[:, None, :]]  # B x H x W x C
+        return crops.permute(0, 3, 1, 2), targets
+
+
+def _reflect(position: torch.Tensor, size: int) -> torch.Tensor:
+    """Index of a padded position in the unpadded image, as reflect padding (no edge repeat) maps it."""
+    position = position.abs()
+    return torch.where(position >= size, 2 * (size - 1) - position, position)
+
+
+def device_bytes(dataset: Dataset, cfg: DataConfig) -> int:
+    """What a data set takes as a DeviceImageSet: uint8 images of data.image_size and int64 labels."""
+    return len(dataset) * (3 * cfg.image_size**2 + 8)
+
+
+def device_image_set(dataset: Dataset, cfg: DataConfig, device: torch.device, *, seed=0, augment=False):
+    """A DeviceImageSet of dataset (the un-augmented images), decoding (once, then cached) where needed."""
+    dataset = getattr(dataset, "dataset", dataset)  # SeededAugmentation's
+    if isinstance(dataset, SyntheticImages):
+        images, targets = dataset.images, dataset.targets
+    elif isinstance(dataset, datasets.CIFAR10) and cfg.image_size == 32:
+        images, targets = torch.from_numpy(dataset.data).permute(0, 3, 1, 2), torch.tensor(dataset.targets)
+    else:
+        images, targets = decoded(dataset, cfg)
+    return DeviceImageSet(images, targets, device, seed=seed, augment=augment)
+
+
+def decoded(dataset, cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every image of an ImageFolder (or CIFAR-10 at another size) decoded, resized and centre-cropped
+    to data.image_size, as uint8 N x 3 x S x S, with its labels.
+
+    The result is cached in the data's folder (`.decoded-<split>-<S>px.pt`, keyed by the files'
+    names, sizes and times), so the next run skips decoding; a folder that cannot be written to
+    only costs the decoding again."""
+    files = [path for path, _ in getattr(dataset, "samples", [])]
+    split = Path(dataset.root).name if files else ("train" if dataset.train else "val")
+    key = hashlib.sha256(f"{cfg.image_size} {len(dataset)}".encode())
+    for path in files:
+        stat = os.stat(path)
+        key.update(f"{path} {stat.st_size} {stat.st_mtime_ns}".encode())
+    cache = Path(dataset.root) / f".decoded-{split}-{cfg.image_size}px.pt"
+    if cache.is_file():
+        try:
+            stored = torch.load(cache, weights_only=True)
+            if stored["key"] == key.hexdigest():
+                return stored["images"], stored["targets"]
+        except Exception as err:  # a damaged cache is decoded again, whatever its damage
+            log.warning("data.loader=device: ignoring the cache %s (%s)", cache, err)
+    log.info("data.loader=device: decoding %d images of %s once (cached in %s)", len(dataset), dataset.root, cache)
+    previous, dataset.transform = dataset.transform, build_transforms(cfg, train=False)
+    try:
+        loader = DataLoader(dataset, batch_size=256, num_workers=cfg.num_workers)
+        images, targets = zip(*loader, strict=True)
+    finally:
+        dataset.transform = previous
+    images, targets = torch.cat(images), torch.cat(targets)
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # one writer per node; the others decode for themselves
+        from .checkpoint import atomic_write
+
+        stored = {"key": key.hexdigest(), "images": images, "targets": targets}
+        try:
+            atomic_write(cache, lambda tmp: torch.save(stored, tmp))
+        except OSError as err:
+            log.warning("data.loader=device: could not cache the decoded images in %s (%s)", cache, err.strerror)
+    return images, targets

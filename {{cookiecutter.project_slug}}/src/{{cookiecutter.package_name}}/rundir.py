@@ -43,6 +43,7 @@ RESUME_MAY_CHANGE = (
     "data.root",
     "data.download",
     "data.num_workers",
+    "data.loader",  # the same samples in the same order (an image's crop and flip are drawn otherwise)
     "model.pretrained",  # the initial weights only: a resumed run takes its weights from the checkpoint
     "model.compile",
     "model.activation_checkpointing",  # recomputes the same activations

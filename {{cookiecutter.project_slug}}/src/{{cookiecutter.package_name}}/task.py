@@ -3,6 +3,8 @@ state.py, step.py, evaluate.py, export.py) knows the task only through these nam
 
     task = Task(cfg, device)
     train_set, val_set = task.datasets()        # also learns what the model needs (num_classes)
+    nbytes, against = task.device_bytes(train_set, val_set)  # data.loader=auto: may the data live on the device?
+    train, val = task.device_sets(train_set, val_set)        # data.loader=device: .batch(epoch, indices) there
     model = task.build_model(device, shard)     # on that device, initialised from run.seed; shard: FSDP
     loss, samples = task.loss(model, batch)     # one micro-batch: to the device, forward, loss
     metrics = task.validate(model, loader)      # exact over every process; Task.MONITOR among them
@@ -26,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from . import model_init
 from .config import Config
-from .data import DeviceImages, SeededAugmentation, build_datasets
+from .data import DeviceImages, SeededAugmentation, build_datasets, device_bytes, device_image_set
 from .model import INIT_TYPES, architecture, build_model, classification_loss, init_module
 from .validation import evaluate_model
 
@@ -48,6 +50,20 @@ class Task:
         uint8 images and integer labels."""
         train_set, val_set, self.num_classes = build_datasets(self.cfg.data)
         return SeededAugmentation(train_set, self.cfg.run.seed, augment=self.cfg.data.augment), val_set
+
+    def device_bytes(self, train_set: Dataset, val_set: Dataset) -> tuple[int, str | None]:
+        """Bytes both sets take on the device (uint8 images), and what speaks against data.loader=auto
+        choosing the device (None: nothing)."""
+        nbytes = device_bytes(train_set, self.cfg.data) + device_bytes(val_set, self.cfg.data)
+        if self.cfg.data.name == "imagefolder" and self.cfg.data.augment:
+            return nbytes, "imagefolder trains on random resized crops, which the device loader does not make"
+        return nbytes, None
+
+    def device_sets(self, train_set: Dataset, val_set: Dataset) -> tuple:
+        """Both sets on the training device (data.loader=device): the training set augmented there."""
+        data = self.cfg.data
+        train = device_image_set(train_set, data, self.device, seed=self.cfg.run.seed, augment=data.augment)
+        return train, device_image_set(val_set, data, self.device)
 
     def build_model(self, device: torch.device | None = None, shard: Callable | None = None) -> nn.Module:
         """The classifier for the data's classes on `device` (default CPU) in the training memory

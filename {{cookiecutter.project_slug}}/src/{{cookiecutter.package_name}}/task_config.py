@@ -24,6 +24,11 @@ class DataConfig:
     """Dataset folder. cifar10 downloads here; imagefolder reads root/train/<class>/* and root/val/<class>/*."""
     batch_size: int = 128
     """Samples per process per micro-batch; the global batch is batch_size x world size x grad_accum_steps."""
+    loader: str = "auto"
+    """device (each set on the training device as one uint8 tensor, batches gathered, cropped and flipped
+    there, no workers), workers (a DataLoader, data.num_workers processes) or auto (device when the sets
+    take at most a quarter of the device's memory, of RAM on a CPU, except imagefolder with augment; the
+    log says which it chose)."""
     num_workers: int = 2
     """DataLoader worker processes per training process (0 loads in the main process)."""
     augment: bool = True
@@ -66,6 +71,7 @@ VAL_METRICS = {"val/loss": "min", "val/acc": "max"}
 
 # Values a key may take, and keys that must be at least 1 (config.validate checks both).
 CHOICES = {
+    "data.loader": ("auto", "device", "workers"),
     "data.name": ("synthetic", "cifar10", "imagefolder"),
     "model.norm": ("batch", "group"),
 }

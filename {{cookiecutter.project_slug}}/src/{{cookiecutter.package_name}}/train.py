@@ -39,7 +39,7 @@ from .config import Config, ConfigError, load_config, parse_args, to_dict
 from .ema import WeightAverage
 from .errors import PREEMPTED_EXIT, RUNTIME_FAILURE, Preempted, exit_status, report
 from .launcher import check_accelerate_fsdp
-from .loaders import build_train_loader, build_val_loader, shut_down_workers
+from .loaders import build_loaders, shut_down_workers
 from .metrics import MetricsLogger, PerfMeter
 from .optim import build_optimizer, check_finite, warmup_cosine
 from .preemption import StopRequest
@@ -110,9 +110,8 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
     # Data: each process gets its own slice; the global batch is batch_size x world_size x accum.
     task = Task(cfg, env.device)
     train_set, val_set = task.datasets()
-    shard = dict(rank=env.rank, world_size=env.world_size, pin_memory=env.device.type == "cuda")
-    train_loader = build_train_loader(cfg.data, train_set, seed=cfg.run.seed, **shard)
-    val_loader = build_val_loader(cfg.data, val_set, **shard)
+    train_loader, val_loader, loader_choice = build_loaders(cfg, task, train_set, val_set, env)
+    log.info(loader_choice)
     accum = tcfg.grad_accum_steps
     global_micro = cfg.data.batch_size * env.world_size  # samples per micro-batch, all processes
     steps_per_epoch = len(train_loader) // accum  # leftover micro-batches of an epoch are skipped

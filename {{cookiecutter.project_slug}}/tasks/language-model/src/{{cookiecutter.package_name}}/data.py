@@ -161,6 +161,34 @@ class ValWindows(Dataset):
         return self.tokens.window(start, self.seq_len + 1), index * self.seq_len - start
 
 
+class DeviceWindows:
+    """TrainWindows or ValWindows with their split on the training device as one int32 tensor
+    (data.loader=device): batch(epoch, indices) gathers the same windows, as int64 token ids, there.
+    Training windows (an epoch given) start where TrainWindows' do; validation windows (epoch None)
+    come with their number of leading targets not counted, as ValWindows' do."""
+
+    CHUNK = 1 << 26  # tokens copied at a time: a file's tokens never all sit in RAM as int32 at once
+
+    def __init__(self, windows: TrainWindows | ValWindows, device: torch.device):
+        self.windows, self.device, self.seq_len = windows, device, windows.seq_len
+        data = windows.tokens.data
+        self.tokens = torch.empty(len(data), dtype=torch.int32, device=device)
+        for start in range(0, len(data), self.CHUNK):
+            chunk = torch.from_numpy(data[start : start + self.CHUNK].astype(np.int32))
+            self.tokens[start : start + len(chunk)].copy_(chunk)
+        self.span = torch.arange(self.seq_len + 1, device=device)
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def batch(self, epoch: int | None, indices: torch.Tensor):
+        starts = indices * self.seq_len
+        if epoch is not None:
+            return self.tokens[(starts + self.windows.offset(epoch))[:, None] + self.span].long()
+        clamped = starts.clamp(max=self.windows.targets - self.seq_len)
+        return self.tokens[clamped[:, None] + self.span].long(), starts - clamped
+
+
 @dataclass
 class TokenData:
     """What the model and the metrics need to know about the data."""

@@ -3,6 +3,8 @@ state.py, step.py, evaluate.py, export.py) knows the task only through these nam
 
     task = Task(cfg, device)
     train_set, val_set = task.datasets()        # also learns what the model needs (vocabulary size)
+    nbytes, against = task.device_bytes(train_set, val_set)  # data.loader=auto: may the data live on the device?
+    train, val = task.device_sets(train_set, val_set)        # data.loader=device: .batch(epoch, indices) there
     model = task.build_model(device, shard)     # on that device, initialised from run.seed; shard: FSDP
     loss, samples = task.loss(model, batch)     # one micro-batch: to the device, forward, loss
     metrics = task.validate(model, loader)      # exact over every process; Task.MONITOR among them
@@ -27,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from . import model_init
 from .config import Config
-from .data import TokenData, build_datasets
+from .data import DeviceWindows, TokenData, build_datasets
 from .model import GPT, INIT_TYPES, GPTShape, init_module, lm_loss
 from .validation import evaluate_model
 
@@ -47,6 +49,15 @@ class Task:
         """The training windows (by (epoch, index) keys) and the validation windows."""
         train_set, val_set, self.data = build_datasets(self.cfg.data, seed=self.cfg.run.seed)
         return train_set, val_set
+
+    def device_bytes(self, train_set: Dataset, val_set: Dataset) -> tuple[int, str | None]:
+        """Bytes both splits take on the device (int32 tokens), and what speaks against data.loader=auto
+        choosing the device (None: nothing)."""
+        return 4 * (len(train_set.tokens) + len(val_set.tokens)), None
+
+    def device_sets(self, train_set: Dataset, val_set: Dataset) -> tuple:
+        """Both splits on the training device (data.loader=device): the same windows, gathered there."""
+        return DeviceWindows(train_set, self.device), DeviceWindows(val_set, self.device)
 
     def build_model(self, device: torch.device | None = None, shard: Callable | None = None) -> nn.Module:
         """The transformer for the data's vocabulary on `device` (default CPU), initialised from

@@ -27,6 +27,10 @@ class DataConfig:
     """Tokens per training sequence (the model's context length)."""
     batch_size: int = 32
     """Sequences per process per micro-batch; the global batch is batch_size x world size x grad_accum_steps."""
+    loader: str = "auto"
+    """device (both token splits on the training device as one tensor each, windows gathered there, no
+    workers), workers (a DataLoader, data.num_workers processes) or auto (device when the tokens take at
+    most a quarter of the device's memory, of RAM on a CPU; the log says which it chose)."""
     num_workers: int = 0
     """DataLoader worker processes per training process (0: windows are cut in the main process)."""
     vocab_size: int = 32
@@ -69,6 +73,7 @@ VAL_METRICS = {"val/loss": "min", "val/ppl": "min", "val/bpb": "min"}
 
 # Values a key may take, and keys that must be at least 1 (config.validate checks both).
 CHOICES = {
+    "data.loader": ("auto", "device", "workers"),
     "data.name": ("synthetic", "text"),
     "model.preset": ("nano", "micro", "mini", "small", "gpt2"),
 }
