@@ -307,7 +307,7 @@ def test_a_failed_run_leaves_no_worker_processes(tiny, monkeypatch):
         return torch.nn.functional.cross_entropy(logits, targets)
 
     monkeypatch.setattr(task_module, "classification_loss", fail_at_step_2)
-    assert train_module.main([*tiny, "data.num_workers=2"]) == 1
+    assert train_module.main([*tiny, "data.loader=workers", "data.num_workers=2"]) == 1
     assert kept[-1].__traceback__ is not None
     assert multiprocessing.active_children() == []
 

@@ -41,13 +41,14 @@ SAVES = {
 
 @pytest.mark.parametrize("save", list(SAVES))
 def test_resume_after_a_crash_matches_an_uninterrupted_run(save, tiny, tmp_path, monkeypatch, final_weights):
-    """Killed after step 5 and resumed from the step-4 checkpoint (the task's random data draws on, 2
-    workers, a validation every 3 steps), training ends with identical weights and the same logged
-    lines: with either checkpoint format, and with saves written in the background."""
-    common = [*tiny, *RANDOM_DATA, "data.num_workers=2", "trainer.checkpoint_every=4", "trainer.max_epochs=2",
-              "trainer.val_every=3", *SAVES[save]]  # fmt: skip
-    assert main([*tiny, *RANDOM_DATA, "data.num_workers=2", "trainer.max_epochs=2", "trainer.checkpoint_every=4",
-                 "trainer.val_every=3", f"run.output_dir={tmp_path / 'straight'}"]) == 0  # fmt: skip
+    """Killed after step 5 and resumed from the step-4 checkpoint (the task's random data draws on, a
+    validation every 3 steps), training ends with identical weights and the same logged lines: with
+    either checkpoint format, and with saves written in the background; loading with 2 workers
+    (full) or from the device (sharded, async)."""
+    loader = "data.loader=workers" if save == "full" else "data.loader=device"
+    run = [*tiny, *RANDOM_DATA, loader, "data.num_workers=2", "trainer.max_epochs=2", "trainer.val_every=3"]
+    common = [*run, "trainer.checkpoint_every=4", *SAVES[save]]
+    assert main([*run, "trainer.checkpoint_every=4", f"run.output_dir={tmp_path / 'straight'}"]) == 0
 
     crashed = tmp_path / "crashed"
     real_log = train_module.MetricsLogger.log
