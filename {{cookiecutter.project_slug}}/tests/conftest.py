@@ -43,6 +43,25 @@ def final_weights():
     return read
 
 
+def killed_when(when, args: list[str]) -> None:
+    """Train with args until the run is about to log a record for which when(metrics, step) holds, and
+    stop it there with a simulated kill (KeyboardInterrupt, as Ctrl-C raises): what it checkpointed
+    before stays, nothing after. The metrics logger is itself again afterwards."""
+    from {{ cookiecutter.package_name }} import train as train_module
+
+    real_log = train_module.MetricsLogger.log
+
+    def log(self, metrics, step, epoch):
+        if when(metrics, step):
+            raise KeyboardInterrupt("simulated kill")
+        real_log(self, metrics, step, epoch)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(train_module.MetricsLogger, "log", log)
+        with pytest.raises(KeyboardInterrupt):
+            train_module.main(args)
+
+
 def torchrun(nproc: int, args: list[str], script: list[str] | None = None, **env) -> None:
     """Run training (or a driver script) under torchrun with nproc CPU processes; fail with its stderr."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]

@@ -3,13 +3,13 @@ it, and trainer.early_stop_patience stops the run at the right validation, acros
 
 import json
 
-import pytest
 from safetensors.torch import load_file
 
-from {{ cookiecutter.package_name }} import train as train_module
 from {{ cookiecutter.package_name }}.checkpoint import weights_metadata
 from {{ cookiecutter.package_name }}.metrics import read_metrics
 from {{ cookiecutter.package_name }}.train import main
+
+from conftest import killed_when
 
 # A validation after every step; the loss monitored as if higher were better, so that it stops improving.
 WATCHING = ["trainer.val_every=1", "trainer.checkpoint_every=1", "trainer.keep_last=10", "trainer.max_steps=6",
@@ -59,22 +59,16 @@ def test_early_stopping_stops_at_the_right_validation_and_says_so(tiny, run_dir,
     assert max(r["step"] for r in read_metrics(run_dir)) > stop
 
 
-def test_early_stopping_survives_a_resume(tiny, tmp_path, monkeypatch):
+def test_early_stopping_survives_a_resume(tiny, tmp_path):
     """Killed at the second validation and resumed, the run stops at the same validation as an
     uninterrupted one: the count of validations without improvement is in the checkpoint."""
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
     assert main([*tiny, *WATCHING, f"run.output_dir={straight}"]) == 0
-    real_log = train_module.MetricsLogger.log
 
-    def crash_at_the_second_validation(self, metrics, step, epoch):
-        if "val/loss" in metrics and step == 2:
-            raise KeyboardInterrupt("simulated kill")
-        real_log(self, metrics, step, epoch)
+    def second_validation(metrics, step):
+        return "val/loss" in metrics and step == 2
 
-    monkeypatch.setattr(train_module.MetricsLogger, "log", crash_at_the_second_validation)
-    with pytest.raises(KeyboardInterrupt):
-        main([*tiny, *WATCHING, f"run.output_dir={crashed}"])
-    monkeypatch.setattr(train_module.MetricsLogger, "log", real_log)
+    killed_when(second_validation, [*tiny, *WATCHING, f"run.output_dir={crashed}"])
     assert main([*tiny, *WATCHING, f"run.output_dir={crashed}"]) == 0
     assert validations(crashed) == validations(straight)
     assert json.loads((crashed / "best.json").read_text()) == json.loads((straight / "best.json").read_text())

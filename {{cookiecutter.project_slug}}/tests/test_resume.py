@@ -11,7 +11,6 @@ import sys
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }} import train as train_module
 from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint, list_checkpoints, weights_metadata
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.metrics import read_metrics
@@ -20,6 +19,7 @@ from {{ cookiecutter.package_name }}.rundir import LOCK_NAME, RunLock
 from {{ cookiecutter.package_name }}.task import Task
 from {{ cookiecutter.package_name }}.train import main
 
+from conftest import killed_when
 from tiny import MODEL_CHANGE, RANDOM_DATA
 
 # 6 optimizer steps per epoch; a checkpoint every 2 steps, all of them kept.
@@ -40,7 +40,7 @@ SAVES = {
 
 
 @pytest.mark.parametrize("save", list(SAVES))
-def test_resume_after_a_crash_matches_an_uninterrupted_run(save, tiny, tmp_path, monkeypatch, final_weights):
+def test_resume_after_a_crash_matches_an_uninterrupted_run(save, tiny, tmp_path, final_weights):
     """Killed after step 5 and resumed from the step-4 checkpoint (the task's random data draws on, a
     validation every 3 steps), training ends with identical weights and the same logged lines: with
     either checkpoint format, and with saves written in the background; loading with 2 workers
@@ -51,18 +51,8 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(save, tiny, tmp_path,
     assert main([*run, "trainer.checkpoint_every=4", f"run.output_dir={tmp_path / 'straight'}"]) == 0
 
     crashed = tmp_path / "crashed"
-    real_log = train_module.MetricsLogger.log
-
-    def crash_at_step_6(self, metrics, step, epoch):
-        if step >= 6:
-            raise KeyboardInterrupt("simulated kill")
-        real_log(self, metrics, step, epoch)
-
-    monkeypatch.setattr(train_module.MetricsLogger, "log", crash_at_step_6)
-    with pytest.raises(KeyboardInterrupt):
-        main([*common, f"run.output_dir={crashed}"])
+    killed_when(lambda metrics, step: step >= 6, [*common, f"run.output_dir={crashed}"])
     assert list_checkpoints(crashed / "checkpoints")[-1].name == "step_00000004" + (".pt" if save == "full" else "")
-    monkeypatch.setattr(train_module.MetricsLogger, "log", real_log)
     assert main([*common, f"run.output_dir={crashed}"]) == 0
 
     straight, resumed = final_weights(tmp_path / "straight"), final_weights(crashed)

@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from {{ cookiecutter.package_name }} import train as train_module
 from {{ cookiecutter.package_name }}.config import TrackerConfig
 from {{ cookiecutter.package_name }}.errors import Preempted
 from {{ cookiecutter.package_name }}.metrics import MetricsLogger, read_metrics
 from {{ cookiecutter.package_name }}.train import main
 
-from conftest import torchrun
+from conftest import killed_when, torchrun
 
 pytestmark = pytest.mark.core  # task-independent: the template runs it in one task's bake
 
@@ -211,18 +210,8 @@ def test_mlflow_gets_every_logged_value_and_the_config_and_a_resume_continues_it
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRET)  # credentials for a server: never stored
     args = [*tiny, "tracker.name=mlflow", "tracker.project=proj", "tracker.tags=[baseline,team=vision]",
             "trainer.checkpoint_every=3"]  # fmt: skip
-    real_log = train_module.MetricsLogger.log
-
-    def killed_at_step_6(self, metrics, step, epoch):
-        if step >= 6:
-            raise KeyboardInterrupt("simulated kill")
-        real_log(self, metrics, step, epoch)
-
-    monkeypatch.setattr(train_module.MetricsLogger, "log", killed_at_step_6)
-    with pytest.raises(KeyboardInterrupt):
-        main(args)
+    killed_when(lambda metrics, step: step >= 6, args)
     run_id = (run_dir / "mlflow_run_id").read_text()
-    monkeypatch.setattr(train_module.MetricsLogger, "log", real_log)
     assert main(args) == 0
     assert (run_dir / "mlflow_run_id").read_text() == run_id
 

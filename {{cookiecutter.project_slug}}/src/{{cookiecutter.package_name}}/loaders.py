@@ -93,18 +93,24 @@ def _loader_options(cfg, pin_memory: bool) -> dict:
     )
 
 
+def training_sampler(train_set, batch_size: int, *, seed: int, rank: int, world_size: int) -> ResumableSampler:
+    """This process's ResumableSampler; a batch larger than its share of the set is a ConfigError."""
+    sampler = ResumableSampler(train_set, num_replicas=world_size, rank=rank, seed=seed)
+    if len(sampler) < batch_size:
+        raise ConfigError(
+            f"data.batch_size={batch_size} is larger than the {len(sampler)} training samples each "
+            f"of the {world_size} process(es) gets; lower data.batch_size"
+        )
+    return sampler
+
+
 def build_train_loader(cfg, train_set, *, seed, rank=0, world_size=1, pin_memory=False) -> DataLoader:
     """Shuffled by (seed, epoch), split across processes, resumable mid-epoch, seeded workers.
 
     train_set takes the (epoch, index) keys ResumableSampler yields (e.g. data.SeededAugmentation);
     cfg is the data section (batch_size, num_workers).
     """
-    sampler = ResumableSampler(train_set, num_replicas=world_size, rank=rank, seed=seed)
-    if len(sampler) < cfg.batch_size:
-        raise ConfigError(
-            f"data.batch_size={cfg.batch_size} is larger than the {len(sampler)} training samples each "
-            f"of the {world_size} process(es) gets; lower data.batch_size"
-        )
+    sampler = training_sampler(train_set, cfg.batch_size, seed=seed, rank=rank, world_size=world_size)
     generator = torch.Generator().manual_seed(seed + rank)  # seeds python/numpy in the workers
     return DataLoader(
         train_set,
@@ -167,15 +173,10 @@ class DeviceTrainLoader:
 
     def __init__(self, source, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1):
         self.source, self.batch_size = source, batch_size
-        self.sampler = ResumableSampler(source, num_replicas=world_size, rank=rank, seed=seed)
+        self.sampler = training_sampler(source, batch_size, seed=seed, rank=rank, world_size=world_size)
         # Seeds nothing here (no workers); kept so that a checkpoint holds the same loader state
         # whichever pipeline wrote it.
         self.generator = torch.Generator().manual_seed(seed + rank)
-        if len(self.sampler) < batch_size:
-            raise ConfigError(
-                f"data.batch_size={batch_size} is larger than the {len(self.sampler)} training samples each "
-                f"of the {world_size} process(es) gets; lower data.batch_size"
-            )
 
     def __len__(self) -> int:
         return len(self.sampler) // self.batch_size
