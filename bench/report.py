@@ -115,16 +115,32 @@ def scale_lines(results: dict) -> list[str]:
 
 
 def gpu_section(gpu: dict) -> str:
+    """The GPU table of bench/gpu.sh's results (MFU columns where the run measured them)."""
+    ceiling = gpu.get("matmul_bf16_tflops")
     rows = [
-        f"GPU: {gpu['device']}, torch {gpu['torch']} (`bench/gpu.sh`).",
+        f"GPU: {gpu['device']}, torch {gpu['torch']} (`bench/gpu.sh`)"
+        + (
+            f"; bf16 dense peak {gpu['bf16_peak_tflops'] or 'unknown'} TFLOP/s, measured bf16 "
+            f"matmul ceiling {ceiling:.0f} TFLOP/s."
+            if ceiling
+            else "."
+        ),
         "",
-        "| case | images/s | step ms | data wait | peak allocated GiB | peak reserved GiB |",
-        "|---|---|---|---|---|---|",
+        "| case | samples/s | tokens/s | step ms | data wait | MFU (peak) | MFU (matmul ceiling) "
+        "| peak allocated GiB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+
+    def cell(case: dict, key: str, spec: str) -> str:
+        return format(case[key], spec) if case.get(key) is not None else "-"
+
     for name, c in gpu["cases"].items():
+        samples = c.get("samples_per_s", c.get("images_per_s"))  # earlier results: images/s only
         rows.append(
-            f"| {name} | {c['images_per_s']:.0f} | {c['step_time_ms']:.1f} | {c['data_wait']:.0%} "
-            f"| {c['peak_allocated_gib']:.2f} | {c['peak_reserved_gib']:.2f} |"
+            f"| {name} | {samples:.0f} | {cell(c, 'tokens_per_s', '.0f')} "
+            f"| {c['step_time_ms']:.1f} | {c['data_wait']:.1%} | {cell(c, 'mfu', '.1%')} "
+            f"| {cell(c, 'mfu_of_matmul_ceiling', '.1%')} "
+            f"| {cell(c, 'peak_allocated_gib', '.2f')} |"
         )
     if gpu.get("note"):
         rows += ["", gpu["note"]]

@@ -3,6 +3,7 @@
 import importlib.util
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -180,3 +181,56 @@ def test_report_rewrites_only_the_marked_section_and_draws_the_plot(quick, tmp_p
         assert (tmp_path / "bench.png").read_bytes().startswith(b"\x89PNG")
     finally:
         sys.path.remove(str(ROOT / "bench"))
+
+
+def test_gpu_benchmark_runs_every_case_and_counts_model_flops(tmp_path):
+    """bench/gpu.sh --cpu-check runs every case briefly on the CPU (the GPU itself is not here):
+    each case's figures are finite, the FLOPs per sample are counted from the project's own models
+    (its ResNet-18 at 32x32: 0.28 GFLOP forward, 3x that with backward; a transformer: 6N plus
+    attention per token), and report.py renders the results."""
+    pytest.importorskip("tokenizers")
+    out = tmp_path / "gpu.json"
+    command = ["bash", str(ROOT / "bench" / "gpu.sh"), "--cpu-check", "--json", str(out)]
+    env = {**os.environ, "PYTHON": sys.executable}
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    spec = importlib.util.spec_from_file_location("gpu", ROOT / "bench" / "gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    assert list(results["cases"]) == list(gpu.CASES)
+    for name, case in results["cases"].items():
+        for key in ("samples_per_s", "step_time_ms", "tflops", "mfu_of_matmul_ceiling"):
+            assert math.isfinite(case[key]) and case[key] > 0, (name, key, case[key])
+        assert 0 <= case["data_wait"] <= 1, (name, case)
+        assert f"gpu/{name}/samples_per_s: " in done.stdout
+        if name.startswith("resnet18_32px"):
+            # The small-input stem (3x3, stride 1) keeps the max-pool: a quarter of the CIFAR
+            # ResNet-18's 1.11 GFLOP forward; backward costs about twice the forward.
+            assert 0.27 < case["gflop_per_sample_forward"] < 0.29, case
+            assert 2.9 < case["gflop_per_sample"] / case["gflop_per_sample_forward"] < 3.0, case
+            assert 11.1 < case["params_m"] < 11.3, case  # ResNet-18, 10 classes
+        else:
+            tokens, layers, width = 64, 2, 64  # --cpu-check: the nano preset, 64-token windows
+            # 6N (without the position table) plus 12 x layers x width x tokens for attention
+            expected = 6 * (case["params_m"] * 1e6 - tokens * width) + 12 * layers * width * tokens
+            assert case["gflop_per_token"] * 1e9 == pytest.approx(expected, rel=0.02), case
+            assert case["tokens_per_s"] == pytest.approx(case["samples_per_s"] * tokens)
+    assert (
+        results["matmul_bf16_tflops"] > 0 and results["bf16_peak_tflops"] is None
+    )  # no data-sheet peak for a CPU
+    assert gpu.peak_tflops("NVIDIA H200") == 989.0 and gpu.peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert gpu.peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0 and gpu.peak_tflops("Unknown") is None
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import report
+
+        section = report.gpu_section(results)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    assert all(f"| {name} |" in section for name in gpu.CASES)
+    earlier = json.loads((ROOT / "bench" / "results" / "gpu.json").read_text())
+    assert all(f"| {name} |" in report.gpu_section(earlier) for name in earlier["cases"])

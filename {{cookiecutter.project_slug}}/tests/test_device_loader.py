@@ -7,11 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from {{ cookiecutter.package_name }} import loaders
+from {{ cookiecutter.package_name }}.checkpoint import latest_checkpoint
 from {{ cookiecutter.package_name }}.config import load_config
 from {{ cookiecutter.package_name }}.loaders import DeviceTrainLoader, build_loaders
 from {{ cookiecutter.package_name }}.task import Task
+from {{ cookiecutter.package_name }}.train import main
 
 from tiny import SAME_DATA, TINY
 
@@ -85,3 +88,37 @@ def test_a_device_batch_larger_than_each_process_share_is_refused():
     """As with workers: a batch larger than a process's share of the training set exits 2 naming it."""
     with pytest.raises(loaders.ConfigError, match="is larger than the .* training samples each"):
         built("device", extra=("data.batch_size=100000",))
+
+
+def test_compiled_training_compiles_at_its_first_step_and_never_again(tiny, run_dir, monkeypatch):
+    """model.compile=true with the device loader reaches its steady state at once: every training
+    batch has one shape, so the graphs compiled for the first step serve all 18 steps of 3 epochs
+    and the validations between them; validation compiles at its first pass only (the eval-mode
+    graph, and the shorter last batch). The checkpoints hold plain keys (no _orig_mod. prefix).
+
+    The graphs run through torch's aot_eager backend, counted: it traces forward and backward as
+    the default backend does, without generating kernels (what takes minutes on a CPU), and
+    recompiles are decided before any backend, by the guards torch.compile checks."""
+    aot_eager = torch._dynamo.lookup_backend("aot_eager")
+    compiled = {"train": 0, "validation": 0}
+
+    def counting(graph, example_inputs):
+        compiled["train" if torch.is_grad_enabled() else "validation"] += 1
+        return aot_eager(graph, example_inputs)
+
+    compile_model = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: compile_model(model, backend=counting))
+    after_step = []  # what had been compiled when each optimizer step ended
+    handle = register_optimizer_step_post_hook(lambda *args: after_step.append(dict(compiled)))
+    try:
+        assert main([*tiny, "model.compile=true", "data.loader=device", "trainer.max_epochs=3"]) == 0
+    finally:
+        handle.remove()
+        torch._dynamo.reset()
+    assert len(after_step) == 18
+    assert after_step[0]["train"] >= 1 and after_step[0]["validation"] == 0
+    assert {counts["train"] for counts in after_step} == {compiled["train"]}  # none after the first step
+    first_validation = after_step[6]["validation"]  # the validation after epoch 1 (6 steps) compiled
+    assert first_validation >= 1 and compiled["validation"] == first_validation  # the next two did not
+    _, state = latest_checkpoint(run_dir / "checkpoints")
+    assert state["model"] and not any(key.startswith("_orig_mod.") for key in state["model"])

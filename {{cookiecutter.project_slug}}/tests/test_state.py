@@ -143,10 +143,11 @@ def test_training_steps_read_no_tensor_back_to_python_between_log_lines(tiny, pr
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("loader", ["device", "workers"])
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_training_steps_never_wait_for_the_gpu(tiny, precision):
-    """Between log lines a training step makes no host-device sync: from the second optimizer step to
-    the last, torch's sync debug mode turns any sync into an error."""
+def test_training_steps_never_wait_for_the_gpu(tiny, precision, loader):
+    """Between log lines a training step makes no host-device sync, with either data.loader: from the
+    second optimizer step to the last, torch's sync debug mode turns any sync into an error."""
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     steps = []
@@ -159,7 +160,7 @@ def test_training_steps_never_wait_for_the_gpu(tiny, precision):
     try:
         overrides = [o for o in tiny if o != "run.device=cpu"] + ["run.device=cuda", f"trainer.precision={precision}"]
         quiet = ["trainer.max_steps=6", "trainer.log_every=1000", "trainer.checkpoint_every=1000"]
-        assert main([*overrides, *quiet]) == 0
+        assert main([*overrides, *quiet, f"data.loader={loader}"]) == 0
     finally:
         handle.remove()
         torch.cuda.set_sync_debug_mode("default")

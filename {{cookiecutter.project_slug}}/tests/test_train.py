@@ -376,14 +376,6 @@ def test_channels_last_trains(tiny, run_dir):
     assert [r["val/samples"] for r in read_metrics(run_dir) if "val/samples" in r] == [101]
 
 
-@pytest.mark.slow
-def test_compiled_model_trains_and_saves_clean_keys(tiny, run_dir):
-    """model.compile=true trains, and its checkpoint keys carry no _orig_mod. prefix."""
-    assert main([*tiny, "model.compile=true", "trainer.max_steps=2"]) == 0
-    _, state = latest_checkpoint(run_dir / "checkpoints")
-    assert "conv1.weight" in state["model"] and not any(k.startswith("_orig_mod.") for k in state["model"])
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize(("strategy", "precision"), [("ddp", "bf16"), ("ddp", "fp16"), ("fsdp", "bf16")])
 def test_one_gpu_under_torchrun_with_nccl(tiny, run_dir, strategy, precision):

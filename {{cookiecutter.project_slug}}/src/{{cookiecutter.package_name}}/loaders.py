@@ -184,6 +184,8 @@ class DeviceTrainLoader:
     def __iter__(self) -> Iterator:
         batches = len(self)
         order = torch.tensor(self.sampler.indices()[: batches * self.batch_size], dtype=torch.int64)
+        if self.source.device.type == "cuda":  # from pinned memory the copy queues behind the GPU's work
+            order = order.pin_memory()
         order = order.to(self.source.device, non_blocking=True)
         epoch = self.sampler.epoch
         for start in range(0, batches * self.batch_size, self.batch_size):
