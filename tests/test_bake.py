@@ -275,6 +275,12 @@ def test_pyproject_declares_name_license_and_python(baked):
 TRACKER_PACKAGES = {"wandb": "wandb", "tensorboard": "tensorboard", "mlflow": "mlflow-skinny"}
 
 
+def test_default_config_trains_with_the_chosen_tracker(baked):
+    """configs/default.yaml (what a run without overrides uses) names the tracker answer."""
+    config = yaml.safe_load((baked.path / "configs" / "default.yaml").read_text(encoding="utf-8"))
+    assert config["tracker"]["name"] == baked.context["tracker"]
+
+
 def test_pyproject_depends_on_the_chosen_tracker_and_offers_every_tracker_as_an_extra(baked):
     """The tracker answer's package is a dependency (no other tracker's), each tracker an extra."""
     project = _pyproject(baked)

@@ -16,14 +16,14 @@ pytestmark = pytest.mark.baked
 # The default bake's suite runs whole once, in the README-install venv
 # (test_readme_install_then_tests_pass), and its slow tests in test_baked_slow_tests_pass; the
 # language-model bake's suite runs whole once, slow tests included. Each other bake runs only the
-# tests that touch what its answer changes: the tracker answer changes the default tracker and the
-# dependencies (that tracker's tests and the defaults test; every tracker's slow rank-0 test runs in
-# the default bake's slow suite); the launcher answer changes the README and runs the launch tests.
-TRACKER_TESTS = ["-m", "not gpu and not slow", "tests/test_trackers.py", "tests/test_config.py"]
+# tests that its answer changes the outcome of. The tracker answer changes the configured default
+# tracker (the defaults test checks default.yaml against the config's defaults); every tracker test
+# names its tracker itself, so it runs the same in any bake and runs once, in the default bake. The
+# launcher answer changes the README and runs the launch tests (core: no other bake runs them).
 VARIANT_TESTS = {
-    "tracker=wandb": [*TRACKER_TESTS, "-k", "wandb or defaults"],
-    "tracker=tensorboard": [*TRACKER_TESTS, "-k", "tensorboard or defaults"],
-    "tracker=mlflow": [*TRACKER_TESTS, "-k", "mlflow or defaults"],
+    "tracker=wandb": ["tests/test_config.py", "-k", "defaults"],
+    "tracker=tensorboard": ["tests/test_config.py", "-k", "defaults"],
+    "tracker=mlflow": ["tests/test_config.py", "-k", "defaults"],
     "launcher=accelerate": ["-m", "not gpu", "-k", "accelerate_launch or two_nodes"],
 }
 
@@ -56,9 +56,7 @@ def test_baked_variant_passes_the_tests_its_answer_touches(cookies, variant):
     completed = run_baked_tests(baked.path, *VARIANT_TESTS[variant], timeout=600)
     _assert_passed_and_cleaned_up(completed, baked.path)
     ran = int(re.search(r"(\d+) passed", completed.stdout)[1])
-    assert ran >= 2, completed.stdout[
-        -2000:
-    ]  # a selection that matched (almost) nothing proves nothing
+    assert ran >= 1, completed.stdout[-2000:]  # a selection that matched nothing proves nothing
 
 
 def _make_venv_on_top_of_this_one(venv: Path) -> Path:
@@ -132,19 +130,3 @@ def test_language_model_bake_passes_its_whole_suite(cookies):
     completed = run_baked_tests(baked.path, "-m", "not gpu and not core", timeout=1500)
     _assert_passed_and_cleaned_up(completed, baked.path)
     assert int(re.search(r"(\d+) passed", completed.stdout)[1]) >= 100, completed.stdout[-2000:]
-
-
-def test_language_model_demo_approaches_its_entropy_floor(cookies):
-    """`python -m PACKAGE.train` with no arguments in a language-model bake ends with val/loss
-    within 10% of the synthetic source's entropy rate (val/loss_floor), every validation counting
-    the whole split's tokens."""
-    baked = bake(cookies, task="language-model")
-    env = {**os.environ, "PYTHONPATH": str(baked.path / "src")}
-    training = run([sys.executable, "-m", f"{baked.package}.train"], baked.path, env, timeout=900)
-    assert training.returncode == 0, _tail(training.stdout + training.stderr)
-    final = re.search(r"final val/loss=([0-9.]+)", training.stdout)
-    lines = (baked.path / "runs" / "default" / "metrics.jsonl").read_text().splitlines()
-    vals = [json.loads(line) for line in lines if "val/loss_floor" in line]
-    floor = vals[-1]["val/loss_floor"]
-    assert final and floor < float(final[1]) <= 1.10 * floor, (final and final[1], floor)
-    assert {v["val/tokens"] for v in vals} == {65_535}  # the whole split, every time

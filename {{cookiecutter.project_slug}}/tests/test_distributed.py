@@ -40,6 +40,7 @@ sys.exit(code)
 """
 
 
+@pytest.mark.core  # DDP's communication under accumulation: the same for every task
 def test_accumulation_all_reduces_once_per_optimizer_step(tiny, tmp_path):
     """With 2 micro-batches per step under DDP, gradients are all-reduced 3 times in 3 steps, not 6
     (half the tiny batch per micro-batch, so each process's global batch matches the tiny run's)."""
@@ -63,6 +64,7 @@ def test_accumulation_all_reduces_once_per_optimizer_step(tiny, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.core  # launchers: the same for every task
 def test_accelerate_launch_starts_two_cpu_processes(tiny, run_dir):
     """accelerate launch with configs/accelerate/multi_cpu.yaml really runs 2 processes that split the data."""
     pytest.importorskip("accelerate")
@@ -76,6 +78,7 @@ def test_accelerate_launch_starts_two_cpu_processes(tiny, run_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.core  # launchers: the same for every task
 def test_two_nodes_rendezvous_through_c10d(tiny, run_dir):
     """Two torchrun agents (--nnodes=2, c10d rendezvous) on this machine train as one 2-process job."""
     with socket.socket() as probe:

@@ -208,12 +208,14 @@ SETUPS = {
     "fsdp-async": (2, [*TWO_PROCESSES, "distributed.strategy=fsdp", "trainer.async_checkpoint=true", EMA]),
 }
 SAME_TRAINING = {"fsdp-async": "fsdp"}  # saving in the background changes nothing the run computes
+# Rows that test the machinery rather than the task: the async save (the same training as fsdp), and
+# DDP, whose 2-process resume of each task is also tested by test_two_processes_match_one_and_resume_on_one.
+# Each task runs the one-process (workers) and fsdp rows; these run in the image bake's suite.
+CORE_ROWS = {"fsdp-async", "ddp"}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "setup", [pytest.param(s, marks=pytest.mark.core) if s in SAME_TRAINING else s for s in SETUPS]
-)
+@pytest.mark.parametrize("setup", [pytest.param(s, marks=pytest.mark.core) if s in CORE_ROWS else s for s in SETUPS])
 def test_sigkill_at_a_random_moment_then_resume_is_bit_exact(setup, tiny, run_dir, references):
     """SIGKILL to every process at a random moment (0-0.3 s after a random one of the first eight
     checkpoints appears: mid-step, mid-epoch, mid-save or in validation), then the same command
