@@ -13,7 +13,8 @@ Cases (each a real `python -m PACKAGE.train` run with the overrides in CASES):
   prepared-data format (throughput does not depend on what the tokens say).
 
 Figures per case are medians over the run's own log windows (perf/samples_per_s, step time, data
-wait), leaving out the windows that hold start-up and compilation, and the peak memory. FLOPs per
+wait), leaving out the windows that hold start-up and compilation or sit next to a validation,
+and the peak memory. FLOPs per
 sample are counted, not quoted: torch.utils.flop_counter over one forward and backward of the
 project's own model (its ResNet-18 at 32x32, whose small-input stem keeps the max-pool: 0.28
 GFLOP forward, 0.84 GFLOP forward and backward per image, a quarter of the CIFAR variant without
@@ -62,8 +63,8 @@ IMAGE_32PX = [
     "data.name=synthetic",
     "data.image_size=32",
     "model.small_input=true",
-    "data.train_size=50000",
-    "data.val_size=10000",
+    "data.train_size=100000",  # 97 steps an epoch: validations (after every epoch) stay rare
+    "data.val_size=1024",  # one batch: validation compiles one graph
     "data.batch_size=1024",
 ]
 WORKERS = ["data.loader=workers", "data.num_workers=8"]
@@ -78,7 +79,8 @@ GPT2_SMALL = [
     "trainer.precision=bf16",
     "model.compile=true",
 ]
-LM_TOKENS = {"train": 20_000_000, "val": 1_000_000}  # random tokens of the GPT-2 vocabulary
+# Random tokens of the GPT-2 vocabulary: 610 steps of training, one batch of validation windows.
+LM_TOKENS = {"train": 20_000_000, "val": 32 * 1024 + 1}
 VOCAB = 50257
 TASKS = {"image": "image-classification", "lm": "language-model"}  # the cookiecutter answers
 SIZES = ("data.train_size", "data.val_size", "data.batch_size", "data.num_workers", "data.loader")
@@ -215,6 +217,13 @@ def bake(work: Path, task: str) -> Path:
     )
 
 
+def setting(overrides: list[str], key: str, default: str = "0") -> str:
+    """The value the last override of key sets (later overrides win)."""
+    return next(
+        (o.split("=", 1)[1] for o in reversed(overrides) if o.startswith(f"{key}=")), default
+    )
+
+
 def package_of(project: Path) -> str:
     return next(p.parent.name for p in (project / "src").glob("*/train.py"))
 
@@ -259,12 +268,31 @@ def case_overrides(
     return [o for o in chosen if o.split("=")[0] not in replaced] + small
 
 
+def training_windows(records: list[dict], log_every: int) -> list[dict]:
+    """The log windows of training alone, in order: those next to a validation are left out (the
+    host stops timing while it validates, but training work still queued on the device finishes
+    then), and so is the first third (start-up, compilation)."""
+    validated = {r["step"] for r in records if "val/loss" in r}
+    windows = [r for r in records if "perf/samples_per_s" in r]
+    windows = windows[len(windows) // 3 :]
+    return [
+        r for r in windows if not any(r["step"] - log_every <= v <= r["step"] for v in validated)
+    ]
+
+
 def case_figures(
-    records: list[dict], flops: dict, task: str, seq_len: int, peak: float | None, ceiling: float
+    records: list[dict],
+    flops: dict,
+    task: str,
+    seq_len: int,
+    log_every: int,
+    peak: float | None,
+    ceiling: float,
 ) -> dict:
     """A case's figures from its metrics.jsonl records and its FLOPs per sample."""
-    windows = [r for r in records if "perf/samples_per_s" in r]
-    warm = windows[len(windows) // 3 :]  # start-up and compilation fall in the first windows
+    warm = training_windows(records, log_every)
+    if not warm:
+        raise SystemExit("the run logged no window of training alone: give the case more steps")
     samples_per_s = statistics.median(r["perf/samples_per_s"] for r in warm)
     achieved = samples_per_s * flops["train"] / 1e12
     figures = {
@@ -380,12 +408,9 @@ def main() -> int:
             records = [
                 json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()
             ]
-            seq_len = int(
-                next(
-                    (o.split("=")[1] for o in reversed(chosen) if o.startswith("data.seq_len=")), 0
-                )
-            )
-            case = case_figures(records, flops[task], task, seq_len, peak, ceiling)
+            seq_len = int(setting(chosen, "data.seq_len"))
+            log_every = int(setting(chosen, "trainer.log_every"))
+            case = case_figures(records, flops[task], task, seq_len, log_every, peak, ceiling)
             results["cases"][name] = {**case, "overrides": chosen}
             for figure, value in case.items():
                 print(f"gpu/{name}/{figure}: {value:.4g}", flush=True)
