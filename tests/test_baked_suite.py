@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -40,11 +41,14 @@ def _tail(text: str, lines: int = 60) -> str:
 
 def _assert_passed_and_cleaned_up(completed: subprocess.CompletedProcess, project: Path) -> None:
     """The baked suite passed, and removed its temporary directories (checkpoints of a ResNet-18
-    are 129 MB each, so a suite that kept them would fill a disk over a few runs)."""
+    are 135 MB each, so a suite that kept them would fill a disk over a few runs). The temporary
+    root goes either way: it may be in RAM."""
     output = completed.stdout + completed.stderr
+    temproot = temproot_for(project)
+    left = files_left(temproot)
+    shutil.rmtree(temproot, ignore_errors=True)
     assert completed.returncode == 0, _tail(output)
     assert re.search(r"\d+ passed", completed.stdout), _tail(output)
-    left = files_left(temproot_for(project))
     assert not left, f"the passing suite left {len(left)} temporary files behind: {left[:5]}"
 
 
