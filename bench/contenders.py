@@ -347,14 +347,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--output-dir", default="bench-run")
     parser.add_argument("--log-every", type=int, default=10, help="steps between loss reads")
-    parser.add_argument(
-        "--batch-size",
-        type=int,
-        help="the model's batch size (default: SHAPES'; run.py --quick: small)",
-    )
     args = parser.parse_args()
-    if args.batch_size and args.model in SHAPES:
-        SHAPES[args.model] = (*SHAPES[args.model][:1], args.batch_size, *SHAPES[args.model][2:])
 
     total = args.warmup + args.steps
     if args.model == "lm" and args.contender == "lightning":

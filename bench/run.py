@@ -126,8 +126,6 @@ class Bench:
         command = [sys.executable, str(HERE / "contenders.py"), what, "--contender", contender]
         command += ["--model", model, "--package", package, "--output-dir", str(out)]
         command += ["--warmup", str(warmup), "--steps", str(steps), "--log-every", str(log_every)]
-        if self.quick and model == "resnet18":
-            command += ["--batch-size", "16"]  # a check of the code path, not a timing
         started = time.time()
         result = run_json(command, project, env)
         return result, started, out
@@ -516,7 +514,7 @@ def main() -> int:
         elif args.quick:
             bench.step_times("mlp", warmup=2, steps=3, log_every=10, reps=1)
             bench.op_counts("mlp", warmup=2, steps=10)
-            bench.step_times("resnet18", warmup=2, steps=2, log_every=2, reps=1)
+            bench.step_times("resnet18", warmup=5, steps=2, log_every=2, reps=1)
             bench.language_model()
         else:
             # A tiny-MLP step is 2-3 ms, where this machine's slow spells weigh most: more runs.
