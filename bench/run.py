@@ -71,6 +71,19 @@ def run_checked(command: list[str], cwd: Path, env: dict, timeout: float = 600) 
     return done.stdout
 
 
+def timed_train(
+    project: Path, package: str, env: dict, out: Path, overrides: list[str], what: str
+) -> tuple[float, str]:
+    """Run `python -m PACKAGE.train` into out, start to finish; (wall seconds, its stderr).
+    Stop the benchmark with its stderr if it fails."""
+    command = [sys.executable, "-m", f"{package}.train", f"run.output_dir={out}", *overrides]
+    started = time.perf_counter()
+    done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
+    if done.returncode:
+        raise SystemExit(f"{what} failed:\n{done.stderr[-3000:]}")
+    return time.perf_counter() - started, done.stderr
+
+
 def last_json(stdout: str) -> dict:
     """The JSON object a measurement printed last."""
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
@@ -251,19 +264,13 @@ class Bench:
         last = {}
         for loader in ("device", "workers", "workers", "device"):
             out = self.work / f"demo-{loader}-{len(walls[loader])}"
-            command = [sys.executable, "-m", f"{self.package}.train", f"run.output_dir={out}"]
-            command += [] if loader == "device" else ["data.loader=workers"]
-            started = time.perf_counter()
-            done = subprocess.run(
-                command, cwd=self.project, env=self.env, capture_output=True, text=True
+            overrides = [] if loader == "device" else ["data.loader=workers"]
+            wall, stderr = timed_train(
+                self.project, self.package, self.env, out, overrides, "the demo run"
             )
-            if done.returncode:
-                raise SystemExit(f"the demo run failed:\n{done.stderr[-3000:]}")
-            walls[loader].append(time.perf_counter() - started)
-            if loader == "device" and "data.loader=auto chose device" not in done.stderr:
-                raise SystemExit(
-                    f"data.loader=auto did not choose the device:\n{done.stderr[-3000:]}"
-                )
+            walls[loader].append(wall)
+            if loader == "device" and "data.loader=auto chose device" not in stderr:
+                raise SystemExit(f"data.loader=auto did not choose the device:\n{stderr[-3000:]}")
             last[loader] = read_records(out)
         for loader, suffix in (("device", ""), ("workers", "/workers")):
             self.record(f"demo/wall_s{suffix}", statistics.median(walls[loader]))
@@ -285,12 +292,8 @@ class Bench:
         count the whole split."""
         project, package, env = self.lm
         out = self.work / "lm-demo"
-        started = time.perf_counter()
-        command = [sys.executable, "-m", f"{package}.train", f"run.output_dir={out}"]
-        done = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True)
-        if done.returncode:
-            raise SystemExit(f"the language model's demo failed:\n{done.stderr[-3000:]}")
-        self.record("lm_demo/wall_s", time.perf_counter() - started)
+        wall, _ = timed_train(project, package, env, out, [], "the language model's demo")
+        self.record("lm_demo/wall_s", wall)
         vals = [r for r in read_records(out) if "val/loss_floor" in r]
         if len({r["val/tokens"] for r in vals}) != 1:
             raise SystemExit(f"validations counted different numbers of tokens: {vals}")
