@@ -115,3 +115,59 @@ def test_perf_meter_measures_data_wait_and_leaves_out_excluded_time(monkeypatch)
     figures = meter.read()
     assert figures == {"perf/samples_per_s": 4.0, "perf/step_time_s": 4.0, "perf/data_wait": 0.25}
     assert meter.samples == meter.steps == 0  # the next window starts empty
+
+
+def test_perf_meter_counts_gpu_made_batches_by_their_events_only(monkeypatch):
+    """The CUDA-event path's arithmetic, on any machine: events stand in for CUDA's (milliseconds
+    on the same fake clock); each batch counts once, in seconds, and the host clock adds nothing."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+
+    class FakeEvent:
+        def __init__(self, enable_timing: bool):
+            assert enable_timing
+
+        def record(self):
+            self.at = clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end) -> float:
+            return (end.at - self.at) * 1000
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+
+    def slow_batches():
+        for batch in range(4):
+            clock[0] += 1.0
+            yield batch
+
+    meter = PerfMeter(torch.device("cuda"), world_size=1, data_on_device=True)
+    monkeypatch.setattr(meter, "device", torch.device("cpu"))  # read() asks no real CUDA device for memory
+    for _ in meter.timed(slow_batches()):
+        clock[0] += 3.0
+        meter.samples, meter.steps = meter.samples + 8, meter.steps + 1
+    assert len(meter.events) == 4
+    assert meter.read()["perf/data_wait"] == 0.25
+    assert meter.events == []  # the next window starts empty
+
+
+@pytest.mark.gpu
+def test_perf_meter_times_batches_made_on_the_gpu_with_events():
+    """With the data on a CUDA device, a batch's GPU work counts as data wait, though the host only
+    queues it (a host clock would see almost none of it), and reading the meter needs no sync."""
+    device = torch.device("cuda")
+
+    def gpu_made_batches():
+        for _ in range(4):
+            torch.cuda._sleep(50_000_000)  # tens of ms of GPU time, queued in microseconds
+            yield torch.ones(8, device=device)
+
+    for on_device in (True, False):
+        meter = PerfMeter(device, world_size=1, data_on_device=on_device)
+        for batch in meter.timed(gpu_made_batches()):
+            meter.samples, meter.steps = meter.samples + len(batch), meter.steps + 1
+        torch.cuda.synchronize()  # the training loop's loss read
+        wait = meter.read()["perf/data_wait"]
+        assert wait > 0.5 if on_device else wait < 0.1, (on_device, wait)

@@ -72,28 +72,43 @@ class PerfMeter:
     """Speed over one log window: samples/s, seconds per optimizer step, the share of time spent
     waiting for the next batch, and on CUDA the peak memory so far.
 
-    Host clocks only, so nothing here syncs with the device. A window ends where the loop reads
-    the loss (a host sync), so queued GPU work is inside the window that queued it. Validation and
-    checkpoint writing go through excluded() and do not count as training time.
+    Nothing here syncs with the device. A window ends where the loop reads the loss (a host sync),
+    so queued GPU work is inside the window that queued it. Validation and checkpoint writing go
+    through excluded() and do not count as training time.
+
+    The data wait is host time spent in the loader, except with the data on a CUDA device
+    (data_on_device): there a batch is GPU work that the host only queues, and once the launch
+    queue is full the host waits in every launch, the batch's included, while the GPU never waits
+    for data. There CUDA events time the stream from before a batch's kernels to after them: the
+    GPU's time making batches, and any time it sat idle waiting for them to be queued.
     """
 
-    def __init__(self, device: torch.device, world_size: int):
+    def __init__(self, device: torch.device, world_size: int, data_on_device: bool = False):
         self.device, self.world_size = device, world_size
+        self.gpu_timed = data_on_device and device.type == "cuda"
         self.reset()
 
     def reset(self) -> None:
         self.started, self.samples, self.steps, self.waited = time.perf_counter(), 0, 0, 0.0
+        self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     def timed(self, batches: Iterable) -> Iterator:
         """Yield from batches, adding the time spent waiting for each one to the data wait."""
         batches = iter(batches)
         while True:
+            if self.gpu_timed:
+                began, ended = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                began.record()
             asked = time.perf_counter()
             try:
                 batch = next(batches)
             except StopIteration:
                 return
-            self.waited += time.perf_counter() - asked
+            if self.gpu_timed:
+                ended.record()
+                self.events.append((began, ended))
+            else:
+                self.waited += time.perf_counter() - asked
             yield batch
 
     @contextmanager
@@ -108,6 +123,9 @@ class PerfMeter:
     def read(self) -> dict[str, float]:
         """This window's figures (samples/s counts every process); starts the next window."""
         elapsed = max(time.perf_counter() - self.started, 1e-9)
+        if self.events:  # the loss read before this ended the window's GPU work: no wait here
+            self.events[-1][1].synchronize()
+            self.waited += sum(began.elapsed_time(ended) for began, ended in self.events) / 1000
         figures = {
             "perf/samples_per_s": self.samples * self.world_size / elapsed,
             "perf/step_time_s": elapsed / max(self.steps, 1),

@@ -39,7 +39,7 @@ from .config import Config, ConfigError, load_config, parse_args, to_dict
 from .ema import WeightAverage
 from .errors import PREEMPTED_EXIT, RUNTIME_FAILURE, Preempted, exit_status, report
 from .launcher import check_accelerate_fsdp
-from .loaders import build_loaders, shut_down_workers
+from .loaders import DeviceTrainLoader, build_loaders, shut_down_workers
 from .metrics import MetricsLogger, PerfMeter
 from .optim import build_optimizer, check_finite, warmup_cosine
 from .preemption import StopRequest
@@ -194,7 +194,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
         return bool(patience) and progress.stale >= patience
 
     val: dict = {}
-    perf = PerfMeter(env.device, env.world_size)
+    perf = PerfMeter(env.device, env.world_size, data_on_device=isinstance(train_loader, DeviceTrainLoader))
     profiler = StepProfiler(tcfg.profile_steps, output_dir / "profile", env.rank, env.device)
     finished = False
     try:
