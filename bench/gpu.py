@@ -6,15 +6,16 @@
     bench/gpu.sh --cpu-check            # every case for a few steps on the CPU: checks this script
 
 Cases (each a real `python -m PACKAGE.train` run with the overrides in CASES):
-- ResNet-18 at 32x32 (CIFAR-10's size, 50,000 synthetic images), batch 1024: the device loader vs
+- ResNet-18 at 32x32 (CIFAR-10's size, 100,000 synthetic images), batch 1024: the device loader vs
   8 workers with bf16 + channels_last + torch.compile, and fp32 eager vs that on the device loader;
 - the language model at GPT-2 small's size (12 layers, width 768, 50,257-token vocabulary: 124M
   parameters), 1024-token sequences, batch 32, bf16 + compile, on random tokens written in the
   prepared-data format (throughput does not depend on what the tokens say).
 
 Figures per case are medians over the run's own log windows (perf/samples_per_s, step time, data
-wait), leaving out the windows that hold start-up and compilation or sit next to a validation,
-and the peak memory. FLOPs per
+wait: host time in the loader for the workers, GPU time making batches, by CUDA events, for the
+device loader), leaving out the windows that hold start-up and compilation or sit next to a
+validation, and the peak memory. FLOPs per
 sample are counted, not quoted: torch.utils.flop_counter over one forward and backward of the
 project's own model (its ResNet-18 at 32x32, whose small-input stem keeps the max-pool: 0.28
 GFLOP forward, 0.84 GFLOP forward and backward per image, a quarter of the CIFAR variant without
