@@ -301,6 +301,9 @@ def run_generated(
         f"data.batch_size={batch}",
         f"data.augment={str(augment).lower()}",
         f"data.num_workers={workers}",
+        # The raw loop's pipeline (a DataLoader): the loops are compared, not the input pipelines
+        # (the demo measures the data on the device against workers).
+        "data.loader=workers",
         f"data.train_size={batch * (total_steps + 1)}",
         "data.val_size=64",  # validation follows the timed steps; keep it short
     ]

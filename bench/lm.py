@@ -173,6 +173,7 @@ def generated_overrides(total_steps: int, log_every: int) -> list[str]:
         "model.preset=micro",
         f"data.seq_len={SEQ_LEN}",
         f"data.batch_size={BATCH}",
+        "data.loader=workers",  # a DataLoader, as the raw loop's: the loops are compared
         "data.num_workers=0",
         f"data.train_tokens={train_tokens_for(total_steps)}",
         "data.val_tokens=4096",  # validation follows the timed steps; keep it short

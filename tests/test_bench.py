@@ -24,7 +24,7 @@ FIGURES = [
     "ddp_accum4/sync_every_micro/allreduce_rounds_per_step",
     "samples_per_s/1_process",
     "samples_per_s/2_process",
-    "data_wait/resnet18_default_pipeline",
+    "data_wait/resnet18_workers",
     *(
         f"ratio/{m}/generated_over_{c}_paired{q}"
         for m in ("mlp", "resnet18")
@@ -145,7 +145,7 @@ def test_times_and_shares_are_in_range(quick):
         for n in FIGURES
         if n.startswith(("step_s/", "startup_s/", "samples", "loader_", "ops_"))
     )
-    assert 0 <= figures["data_wait/resnet18_default_pipeline"] <= 1
+    assert 0 <= figures["data_wait/resnet18_workers"] <= 1
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc malloc's")
