@@ -20,7 +20,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest tests -q --durations=25
 
-# CPU benchmarks (about 35 minutes on 2 cores): rewrites docs/performance.md's results and plot.
+# CPU benchmarks (about 40 minutes on 2 cores): rewrites docs/performance.md's results and plot.
 bench: $(STAMP)
 	$(BIN)/python bench/run.py --docs
 

@@ -1,6 +1,6 @@
 """Benchmark the generated training loop on CPU against raw PyTorch and Lightning.
 
-    python bench/run.py                 # the full run (about 35 minutes on 2 cores), `make bench`
+    python bench/run.py                 # the full run (about 40 minutes on 2 cores), `make bench`
     python bench/run.py --quick         # one short repetition of everything: a correctness check
     python bench/run.py --docs          # also rewrite the results in docs/performance.md + plot
     python bench/run.py --only-lm       # the language model's figures alone (about 4 minutes)
