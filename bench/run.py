@@ -509,8 +509,9 @@ def main() -> int:
     if only and args.docs:
         parser.error("--docs needs the full run, not an --only-* part")
     if args.json is None:
-        name = "lm" if args.only_lm else "scale" if args.only_scale else "demo" if only else ""
-        args.json = HERE / "results" / f"cpu{'_' if name else ''}{name}.json"
+        parts = {"cpu_lm": args.only_lm, "cpu_scale": args.only_scale, "cpu_demo": args.only_demo}
+        name = next((part for part, chosen in parts.items() if chosen), "cpu")
+        args.json = HERE / "results" / f"{name}.json"
     reps = 1 if args.quick else args.reps
     with tempfile.TemporaryDirectory() as tmp:
         project, package = bake(Path(tmp))
