@@ -23,7 +23,8 @@ drift in machine load hits all alike):
 4. 2 processes vs 1 at one thread each: samples/s;
 5. the share of training time spent waiting for data (perf/data_wait) with 2 worker processes;
 6. the README's demo (no arguments, 3 epochs): wall time, final val/acc and data wait, with the
-   data on the device (data.loader=auto's choice) and with 2 worker processes (full run only);
+   data on the device (data.loader=auto's choice) and with 2 worker processes, in 3 back-to-back
+   pairs (full run only);
    and the language model's demo: wall time and final val/loss over its entropy floor (full run);
 7. what a GPU would wait on: the training loader at 224x224, the project's uint8 hand-off vs
    per-sample float normalisation in the workers: worker CPU per sample, and normalised images/s
@@ -47,6 +48,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -58,6 +60,7 @@ HERE = Path(__file__).resolve().parent
 TEMPLATE = HERE.parent
 CONTENDERS = ("generated", "raw", "lightning")
 LM_CONTENDERS = ("generated", "raw")
+DEMO_PAIRS = 3  # the demo, device vs workers (6): about 2 minutes a pair on 2 cores
 LM_TOKENS_PER_STEP = 32 * 128  # the language model's batch x sequence length (lm.BATCH, SEQ_LEN)
 
 
@@ -133,10 +136,15 @@ class Bench:
         self.figures[name] = value
         print(f"{name}: {value:.6g}", flush=True)
 
-    def contender(self, what, contender, model, rep, warmup, steps, log_every=10):
-        project, package, env = self.lm if model == "lm" else (self.project, self.package, self.env)
+    def contender(self, what, contender, model, rep, warmup, steps, log_every=10, prefix=(), **env):
+        """Run contenders.py WHAT in a fresh process (after the command prefix, with env added)."""
+        project, package, base = (
+            self.lm if model == "lm" else (self.project, self.package, self.env)
+        )
+        env = {**base, **env}
         out = self.work / f"{what}-{contender}-{model}-{rep}"
-        command = [sys.executable, str(HERE / "contenders.py"), what, "--contender", contender]
+        command = [*prefix, sys.executable, str(HERE / "contenders.py"), what]
+        command += ["--contender", contender]
         command += ["--model", model, "--package", package, "--output-dir", str(out)]
         command += ["--warmup", str(warmup), "--steps", str(steps), "--log-every", str(log_every)]
         started = time.time()
@@ -231,6 +239,30 @@ class Bench:
             f"ops_per_step/{model}/generated_minus_raw", counts["generated"] - counts["raw"]
         )
 
+    def instructions(self, model: str = "mlp", warmup: int = 20, steps: int = 50) -> None:
+        """1c: instructions per optimizer step, generated vs raw, counted by callgrind (valgrind) at
+        one thread over steps warmup+1 .. warmup+steps: the loop's own work, exactly (two runs of
+        the raw loop differed by 0.13%), where the step times move by tens of percent between runs.
+        About 3 minutes a contender; skipped, with a note, when valgrind is not installed."""
+        if not shutil.which("valgrind"):
+            print("instructions: skipped (valgrind is not installed)", flush=True)
+            return
+        counts = {}
+        for contender in ("generated", "raw"):
+            counted = self.work / f"callgrind-{contender}-{model}.out"
+            valgrind = ["valgrind", "--tool=callgrind", "--instr-atstart=no"]
+            valgrind += [f"--callgrind-out-file={counted}"]
+            one = {"OMP_NUM_THREADS": "1"}
+            self.contender("instructions", contender, model, 0, warmup, steps, 10, valgrind, **one)
+            # "totals:" counts every instruction while the count was on ("summary:" stays 0 when
+            # the count starts off).
+            totals = next(
+                line for line in counted.read_text().splitlines() if line.startswith("totals:")
+            )
+            counts[contender] = int(totals.split()[1]) / steps
+            self.record(f"instructions_per_step/{model}/{contender}", counts[contender])
+        self.record(f"instructions/{model}/generated_over_raw", counts["generated"] / counts["raw"])
+
     def language_model(self) -> None:
         """8: the language model's step times, tokens/s and tensor operations, generated vs raw.
 
@@ -259,7 +291,10 @@ class Bench:
     def demo(self) -> None:
         """6: the README's demo: `python -m PACKAGE.train` with no arguments, start to finish, with
         data.loader=auto (it chooses the device for the demo's data) and with data.loader=workers
-        (2 worker processes), in the order device, workers, workers, device; medians of two each.
+        (2 worker processes), in DEMO_PAIRS back-to-back pairs whose order alternates (device
+        first, then workers first, ...). Two estimates, as in 1: the ratio of the medians, and the
+        median of each pair's own ratio (`_paired`), whose two runs are a minute apart: runs a few
+        minutes apart differ here by 5-10%, more than the difference measured.
         An untimed 10-step run goes first: right after the other measurements the first demo run
         trained its first steps at half speed (70 s against 53-58 s for the other three)."""
         walls: dict[str, list[float]] = {"device": [], "workers": []}
@@ -268,19 +303,21 @@ class Bench:
         timed_train(
             self.project, self.package, self.env, self.work / "demo-warmup", warmup, "warm-up"
         )
-        for loader in ("device", "workers", "workers", "device"):
-            out = self.work / f"demo-{loader}-{len(walls[loader])}"
-            overrides = [] if loader == "device" else ["data.loader=workers"]
-            wall, stderr = timed_train(
-                self.project, self.package, self.env, out, overrides, "the demo run"
-            )
-            walls[loader].append(wall)
-            if loader == "device" and "data.loader=auto chose device" not in stderr:
-                raise SystemExit(f"data.loader=auto did not choose the device:\n{stderr[-3000:]}")
-            last[loader] = read_records(out)
+        for pair in range(DEMO_PAIRS):
+            for loader in ("device", "workers") if pair % 2 == 0 else ("workers", "device"):
+                out = self.work / f"demo-{loader}-{pair}"
+                overrides = [] if loader == "device" else ["data.loader=workers"]
+                wall, stderr = timed_train(
+                    self.project, self.package, self.env, out, overrides, "the demo run"
+                )
+                walls[loader].append(wall)
+                if loader == "device" and "data.loader=auto chose device" not in stderr:
+                    chose = "data.loader=auto did not choose the device"
+                    raise SystemExit(f"{chose}:\n{stderr[-3000:]}")
+                last[loader] = read_records(out)
         for loader, suffix in (("device", ""), ("workers", "/workers")):
             self.record(f"demo/wall_s{suffix}", statistics.median(walls[loader]))
-            self.runs[f"demo/wall_s{suffix}"] = walls[loader]
+            self.runs[f"demo/wall_s{suffix}"] = walls[loader]  # pair by pair
             self.record(
                 f"demo/val_acc{suffix}", [r for r in last[loader] if "val/acc" in r][-1]["val/acc"]
             )
@@ -290,6 +327,9 @@ class Bench:
             "demo/wall_s_device_over_workers",
             self.figures["demo/wall_s"] / self.figures["demo/wall_s/workers"],
         )
+        paired = [d / w for d, w in zip(walls["device"], walls["workers"], strict=True)]
+        self.record("demo/wall_s_device_over_workers_paired", statistics.median(paired))
+        self.runs["demo/wall_s_device_over_workers_paired"] = paired
 
     def lm_demo(self) -> None:
         """6b: the language model's demo (`python -m PACKAGE.train` with no arguments in the
@@ -453,6 +493,7 @@ TARGETS = [
     ("demo/val_acc", ">= 0.9", lambda v, f: v >= 0.9),
     ("demo/wall_s", "< 180", lambda v, f: v < 180),
     ("demo/wall_s_device_over_workers", "<= 1", lambda v, f: v <= 1.0),
+    ("demo/wall_s_device_over_workers_paired", "<= 1", lambda v, f: v <= 1.0),
     ("lm_demo/val_loss_over_floor", "<= 1.10", lambda v, f: v <= 1.10),
 ]
 
@@ -496,20 +537,30 @@ def main() -> int:
     parser.add_argument("--only-scale", action="store_true", help="the scale figures (9) alone")
     parser.add_argument("--only-demo", action="store_true", help="the two demos' figures (6) alone")
     parser.add_argument(
+        "--only-instructions",
+        action="store_true",
+        help="instructions per tiny-MLP step under callgrind (1c; needs valgrind), alone",
+    )
+    parser.add_argument(
         "--json",
         type=Path,
         help="default: results/cpu.json (--only-lm: cpu_lm.json, --only-scale: cpu_scale.json, "
-        "--only-demo: cpu_demo.json)",
+        "--only-demo: cpu_demo.json, --only-instructions: cpu_instructions.json)",
     )
     parser.add_argument(
         "--docs", action="store_true", help="rewrite docs/performance.md results and plot"
     )
     args = parser.parse_args()
-    only = args.only_lm or args.only_scale or args.only_demo
+    only = args.only_lm or args.only_scale or args.only_demo or args.only_instructions
     if only and args.docs:
         parser.error("--docs needs the full run, not an --only-* part")
     if args.json is None:
-        parts = {"cpu_lm": args.only_lm, "cpu_scale": args.only_scale, "cpu_demo": args.only_demo}
+        parts = {
+            "cpu_lm": args.only_lm,
+            "cpu_scale": args.only_scale,
+            "cpu_demo": args.only_demo,
+            "cpu_instructions": args.only_instructions,
+        }
         name = next((part for part, chosen in parts.items() if chosen), "cpu")
         args.json = HERE / "results" / f"{name}.json"
     reps = 1 if args.quick else args.reps
@@ -524,6 +575,8 @@ def main() -> int:
         elif args.only_demo:
             bench.demo()
             bench.lm_demo()
+        elif args.only_instructions:
+            bench.instructions()
         elif args.quick:
             bench.step_times("mlp", warmup=2, steps=3, log_every=10, reps=1)
             bench.op_counts("mlp", warmup=2, steps=10)

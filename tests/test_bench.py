@@ -237,3 +237,13 @@ def test_gpu_benchmark_runs_every_case_and_counts_model_flops(tmp_path):
     assert all(f"| {name} |" in section for name in gpu.CASES)
     earlier = json.loads((ROOT / "bench" / "results" / "gpu.json").read_text())
     assert all(f"| {name} |" in report.gpu_section(earlier) for name in earlier["cases"])
+
+
+def test_instruction_count_refuses_to_run_outside_callgrind(tmp_path):
+    """`contenders.py instructions` switches callgrind's count at the first timed step; run
+    without valgrind it stops there with a message, instead of reporting nothing as a count."""
+    command = [sys.executable, str(ROOT / "bench" / "contenders.py"), "instructions"]
+    command += ["--contender", "raw", "--model", "mlp", "--warmup", "2", "--steps", "1"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "could not switch callgrind's count on" in done.stderr, done.stderr[-2000:]
