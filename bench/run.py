@@ -243,7 +243,7 @@ class Bench:
         """1c: instructions per optimizer step, generated vs raw, counted by callgrind (valgrind) at
         one thread over steps warmup+1 .. warmup+steps: the loop's own work, exactly (two runs of
         the raw loop differed by 0.13%), where the step times move by tens of percent between runs.
-        About 3 minutes a contender; skipped, with a note, when valgrind is not installed."""
+        About 2.5 minutes a contender; skipped, with a note, when valgrind is not installed."""
         if not shutil.which("valgrind"):
             print("instructions: skipped (valgrind is not installed)", flush=True)
             return
@@ -293,8 +293,8 @@ class Bench:
         data.loader=auto (it chooses the device for the demo's data) and with data.loader=workers
         (2 worker processes), in DEMO_PAIRS back-to-back pairs whose order alternates (device
         first, then workers first, ...). Two estimates, as in 1: the ratio of the medians, and the
-        median of each pair's own ratio (`_paired`), whose two runs are a minute apart: runs a few
-        minutes apart differ here by 5-10%, more than the difference measured.
+        median of each pair's own ratio (`_paired`), whose two runs are back to back: runs a minute
+        or more apart differ here by 5-10%, more than the difference measured.
         An untimed 10-step run goes first: right after the other measurements the first demo run
         trained its first steps at half speed (70 s against 53-58 s for the other three)."""
         walls: dict[str, list[float]] = {"device": [], "workers": []}
