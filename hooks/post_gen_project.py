@@ -57,31 +57,27 @@ def remove_kubernetes(root: Path = Path()) -> None:
     shutil.rmtree(root / "scripts" / "kubernetes")
 
 
-TASKS_DIR = "tasks"  # tasks/<task>/ holds a task's files, at the paths they take in the project
-# The image-classification files that a task overlay does not replace but that only serve images.
-IMAGE_ONLY_FILES = ("tests/test_export.py", "tests/test_evaluate.py", "tests/test_metrics.py")
+TASKS_DIR = "tasks"  # tasks/<task>/ holds everything one task owns, at the paths it takes in the project
 
 
 def use_task(task: str, root: Path = Path()) -> None:
-    """Put the chosen task's files in place and delete the other tasks'.
+    """Move the chosen task's folder tasks/<task>/ into the project whole and delete the others.
 
-    The project as shipped is the image-classification project. Any other task's folder
-    tasks/<task>/ mirrors the project's layout: its files replace those at the same paths, and
-    the image-only files it has no counterpart for are deleted.
+    A task folder mirrors the project's layout: src/PACKAGE/task/ (the Task and its building
+    blocks), its configs/, tests/task/ and any command of its own (src/PACKAGE/<command>.py). The
+    project around it is the engine and the commands every task shares, so no file is replaced.
     """
     tasks = root / TASKS_DIR
-    choices = sorted(["image-classification", *(path.name for path in tasks.iterdir())])
+    choices = sorted(path.name for path in tasks.iterdir() if path.is_dir())
     if task not in choices:
         raise ValueError(f"task {task!r} is not one of {choices}.")
-    if task != "image-classification":
-        overlay = tasks / task
-        for name in IMAGE_ONLY_FILES:
-            if not (overlay / name).exists():
-                (root / name).unlink()
-        for source in sorted(path for path in overlay.rglob("*") if path.is_file()):
-            target = root / source.relative_to(overlay)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            source.replace(target)
+    chosen = tasks / task
+    for source in sorted(path for path in chosen.rglob("*") if path.is_file()):
+        target = root / source.relative_to(chosen)
+        if target.exists():
+            raise ValueError(f"task {task!r} would replace the engine's {target.relative_to(root)}.")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        source.replace(target)
     shutil.rmtree(tasks)
 
 

@@ -16,8 +16,18 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 # The exact files of a default bake (MIT, include_ci=yes, include_docker=no) besides its task's
-# TASK_FILES. PKG stands for the package name. include_ci=no drops .github/workflows/ci.yml;
-# include_docker=yes adds the Dockerfile and .dockerignore; no bake keeps a licenses/ directory.
+# TASK_FILES: the engine, the shared commands and the engine's tests. PKG stands for the package
+# name. include_ci=no drops .github/workflows/ci.yml; include_docker=yes adds the Dockerfile and
+# .dockerignore; no bake keeps a licenses/ or tasks/ directory.
+ENGINE = (
+    "__init__ seam config errors loop cli rundir metrics trackers optim state step loaders ema preemption "
+    "profiler provenance launcher ckpt/__init__ ckpt/files ckpt/checkpoint ckpt/sharded ckpt/restore "
+    "parallel/__init__ parallel/distributed parallel/meta_init parallel/recompute torch_private"
+).split()
+ENGINE_TESTS = (
+    "checkpoint config device_loader distributed ema errors faults launcher monitor plot profiler provenance "
+    "recompute resume scale sharded state sweep torch_private trackers train"
+).split()
 EXPECTED_FILES = frozenset(
     {
         ".cookiecutter.yaml",
@@ -28,77 +38,36 @@ EXPECTED_FILES = frozenset(
         "Makefile",
         "README.md",
         "pyproject.toml",
-        "configs/default.yaml",
-        "configs/smoke.yaml",
-        "configs/sweep.yaml",
         "configs/accelerate/multi_gpu.yaml",
         "configs/accelerate/fsdp.yaml",
         "configs/accelerate/multi_cpu.yaml",
         "src/PKG/__init__.py",
-        "src/PKG/config.py",
-        "src/PKG/errors.py",
-        "src/PKG/rundir.py",
-        "src/PKG/data.py",
-        "src/PKG/model.py",
-        "src/PKG/checkpoint.py",
-        "src/PKG/metrics.py",
-        "src/PKG/trackers.py",
-        "src/PKG/optim.py",
-        "src/PKG/plot.py",
-        "src/PKG/distributed.py",
-        "src/PKG/train.py",
-        "src/PKG/evaluate.py",
-        "src/PKG/state.py",
-        "src/PKG/step.py",
-        "src/PKG/task.py",
-        "src/PKG/restore.py",
-        "src/PKG/validation.py",
-        "src/PKG/export.py",
-        "src/PKG/preemption.py",
-        "src/PKG/loaders.py",
-        "src/PKG/task_config.py",
-        "src/PKG/sharded.py",
-        "src/PKG/model_init.py",
-        "src/PKG/recompute.py",
-        "src/PKG/ema.py",
-        "src/PKG/profiler.py",
-        "src/PKG/sweep.py",
-        "src/PKG/launcher.py",
-        "src/PKG/provenance.py",
-        "tests/tiny.py",
+        *(f"src/PKG/{command}.py" for command in ("train", "evaluate", "export", "plot", "sweep")),
+        *(f"src/PKG/engine/{module}.py" for module in ENGINE),
         "tests/conftest.py",
-        "tests/test_config.py",
-        "tests/test_data.py",
-        "tests/test_model.py",
-        "tests/test_checkpoint.py",
-        "tests/test_train.py",
-        "tests/test_faults.py",
-        "tests/test_plot.py",
-        "tests/test_trackers.py",
-        "tests/test_resume.py",
-        "tests/test_errors.py",
-        "tests/test_state.py",
-        "tests/test_distributed.py",
-        "tests/test_sharded.py",
-        "tests/test_scale.py",
-        "tests/test_recompute.py",
-        "tests/test_launcher.py",
-        "tests/test_provenance.py",
-        "tests/test_monitor.py",
-        "tests/test_ema.py",
-        "tests/test_profiler.py",
-        "tests/test_sweep.py",
-        "tests/test_device_loader.py",
+        *(f"tests/engine/test_{name}.py" for name in ENGINE_TESTS),
     }
 )
-# Each task's own files beyond those (its task.py, data.py, model.py, ... share the same paths).
+# Each task's own folder, tasks/<task>/ in the template: its task/ package, configs, tests and commands.
+TASK_CONFIGS = {"configs/default.yaml", "configs/smoke.yaml", "configs/sweep.yaml"}
 TASK_FILES = {
     "image-classification": {
-        "tests/test_metrics.py",
-        "tests/test_export.py",
-        "tests/test_evaluate.py",
+        *TASK_CONFIGS,
+        *(f"src/PKG/task/{module}.py" for module in ("__init__", "task", "config", "data", "model", "validation")),
+        *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_model", "test_metrics", "test_export")),
+        "tests/task/test_evaluate.py",
     },
-    "language-model": {"src/PKG/tokenizer.py", "src/PKG/prepare.py", "src/PKG/generate.py"},
+    "language-model": {
+        *TASK_CONFIGS,
+        *(
+            f"src/PKG/task/{module}.py"
+            for module in ("__init__", "task", "config", "data", "model", "validation", "tokenizer", "prepare")
+        ),
+        "src/PKG/task/generate.py",
+        "src/PKG/prepare.py",
+        "src/PKG/generate.py",
+        *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_model", "test_commands")),
+    },
 }
 CI_FILES = frozenset({".github/workflows/ci.yml"})
 DOCKER_FILES = frozenset({"Dockerfile", ".dockerignore"})

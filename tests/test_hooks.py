@@ -87,7 +87,7 @@ def test_package_name_cannot_shadow_anything_the_project_imports(pre_gen):
     project = ROOT / "{{cookiecutter.project_slug}}"
     imported = {
         name
-        for pattern in ("src/*/*.py", "tests/*.py", "tasks/*/src/*/*.py", "tasks/*/tests/*.py")
+        for pattern in ("src/*/**/*.py", "tests/**/*.py", "tasks/*/src/*/**/*.py", "tasks/*/tests/**/*.py")
         for path in project.glob(pattern)
         for match in IMPORTED.findall(path.read_text(encoding="utf-8"))
         for name in match
@@ -208,40 +208,51 @@ def test_install_license_refuses_an_unknown_license(post_gen, tmp_path):
         post_gen.install_license("GPL-3.0", root)
 
 
-def _task_tree(root: Path, image_only: tuple[str, ...]) -> Path:
-    """An image project's task files and image-only tests, and a language-model overlay."""
-    for name in ("src/pkg/task.py", "src/pkg/train.py", "tests/test_train.py", *image_only):
+def _task_tree(root: Path) -> Path:
+    """The engine's files and two task folders, each mirroring the project's layout."""
+    for name in ("src/pkg/train.py", "src/pkg/engine/loop.py", "tests/engine/test_train.py"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(f"image {name}\n")
-    for name in ("src/pkg/task.py", "src/pkg/prepare.py", "tests/test_train.py"):
-        (root / "tasks" / "language-model" / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / "tasks" / "language-model" / name).write_text(f"lm {name}\n")
+        (root / name).write_text(f"engine {name}\n")
+    owned = {
+        "image-classification": ("src/pkg/task/task.py", "configs/default.yaml", "tests/task/test_data.py"),
+        "language-model": ("src/pkg/task/task.py", "src/pkg/prepare.py", "tests/task/test_commands.py"),
+    }
+    for task, names in owned.items():
+        for name in names:
+            (root / "tasks" / task / name).parent.mkdir(parents=True, exist_ok=True)
+            (root / "tasks" / task / name).write_text(f"{task} {name}\n")
     return root
 
 
 @pytest.mark.parametrize("task", ["image-classification", "language-model"])
-def test_use_task_keeps_only_the_chosen_tasks_files(post_gen, tmp_path, task):
-    """The image project stays as shipped; the language model's files replace its own at the same
-    paths, image-only tests go, shared files stay, and no tasks/ folder is left either way."""
-    root = _task_tree(tmp_path, post_gen.IMAGE_ONLY_FILES)
+def test_use_task_moves_the_chosen_task_folder_in_whole(post_gen, tmp_path, task):
+    """The chosen task's folder lands at the project's paths, the other task leaves nothing behind,
+    the engine's files stay, and no tasks/ folder is left."""
+    root = _task_tree(tmp_path)
     post_gen.use_task(task, root)
     files = {name: (root / name).read_text() for name in project_files(root)}
+    assert files["src/pkg/task/task.py"] == f"{task} src/pkg/task/task.py\n"
     if task == "image-classification":
-        assert files["src/pkg/task.py"] == "image src/pkg/task.py\n"
-        assert set(post_gen.IMAGE_ONLY_FILES) <= set(files) and "src/pkg/prepare.py" not in files
+        assert "src/pkg/prepare.py" not in files and "tests/task/test_data.py" in files
     else:
-        assert files["src/pkg/task.py"] == "lm src/pkg/task.py\n"
-        assert files["tests/test_train.py"] == "lm tests/test_train.py\n"
-        assert files["src/pkg/prepare.py"] == "lm src/pkg/prepare.py\n"
-        assert not set(post_gen.IMAGE_ONLY_FILES) & set(files)
-    assert files["src/pkg/train.py"] == "image src/pkg/train.py\n"  # shared by every task
+        assert files["src/pkg/prepare.py"] == "language-model src/pkg/prepare.py\n"
+        assert "configs/default.yaml" not in files and "tests/task/test_data.py" not in files
+    assert files["src/pkg/engine/loop.py"] == "engine src/pkg/engine/loop.py\n"
     assert not (root / "tasks").exists()
 
 
 def test_use_task_refuses_an_unknown_task(post_gen, tmp_path):
-    root = _task_tree(tmp_path, post_gen.IMAGE_ONLY_FILES)
+    root = _task_tree(tmp_path)
     with pytest.raises(ValueError, match="language-model"):
         post_gen.use_task("speech", root)
+
+
+def test_use_task_refuses_to_replace_an_engine_file(post_gen, tmp_path):
+    """A task folder that would overwrite the engine is a template bug, caught at bake time."""
+    root = _task_tree(tmp_path)
+    (root / "tasks" / "language-model" / "src/pkg/train.py").write_text("a task's own train.py\n")
+    with pytest.raises(ValueError, match="src/pkg/train.py"):
+        post_gen.use_task("language-model", root)
 
 
 def test_remove_ci_deletes_the_workflow(post_gen, tmp_path):

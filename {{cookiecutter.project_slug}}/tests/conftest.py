@@ -1,13 +1,17 @@
 """Shared settings: a seconds-long CPU configuration (the task's, in tiny.py) and the gpu marker."""
 
+import json
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.checkpoint import in_full, latest_checkpoint
+from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import latest_checkpoint
+from {{ cookiecutter.package_name }}.engine.ckpt.sharded import ShardedWeights
 
 from tiny import TINY
 
@@ -19,6 +23,25 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def read_metrics(output_dir: Path) -> list[dict]:
+    """All records of output_dir/metrics.jsonl."""
+    lines = (Path(output_dir) / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def in_full(state: dict) -> dict:
+    """A loaded checkpoint with its model and optimizer state as whole tensors, whatever its format: a
+    sharded one is converted with torch.distributed.checkpoint's dcp_to_torch_save into memory."""
+    if not isinstance(state.get("model"), ShardedWeights):
+        return state
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as scratch:
+        whole = Path(scratch) / "whole.pt"
+        dcp_to_torch_save(str(state["model"].path), str(whole))
+        return {**state, **torch.load(whole, map_location="cpu", weights_only=True)}
 
 
 @pytest.fixture

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import torch
 
-from . import distributed
-from .checkpoint import atomic_write, writing
-from .config import Config
-from .errors import exit_status, report
-from .loaders import build_val_loader, shut_down_workers
-from .restore import load_model_weights, restore_trained, trained_step
-from .task import Task
+from .engine.ckpt.files import atomic_write, writing
+from .engine.ckpt.restore import load_model_weights, restore_trained, trained_step
+from .engine.config import Config
+from .engine.errors import exit_status, report
+from .engine.loaders import build_val_loader, shut_down_workers
+from .engine.parallel import distributed
+from .task.task import Task
 
 
 def evaluate_checkpoint(cfg: Config, path: Path, state: dict) -> tuple[dict, bool]:

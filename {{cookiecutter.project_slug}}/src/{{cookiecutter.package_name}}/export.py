@@ -28,11 +28,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .checkpoint import atomic_write, save_weights, writing
-from .config import Config
-from .errors import exit_status, report
-from .restore import load_model_weights, restore_trained
-from .task import Task
+from .engine.ckpt.checkpoint import save_weights
+from .engine.ckpt.files import atomic_write, writing
+from .engine.ckpt.restore import load_model_weights, restore_trained
+from .engine.config import Config
+from .engine.errors import exit_status, report
+from .task.task import Task
 
 
 def export_program(model: nn.Module, args: tuple, dynamic_shapes: tuple) -> torch.export.ExportedProgram:

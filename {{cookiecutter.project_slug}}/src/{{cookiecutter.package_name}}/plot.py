@@ -13,11 +13,13 @@ import json
 import sys
 from pathlib import Path
 
-# (title, y label, [(metrics.jsonl key, line label)])
-# A panel draws those of its keys that the runs logged (accuracy for images, bits per byte for text).
+from .engine.seam import task_spec
+
+# (title, y label, [(metrics.jsonl key, line label)]); the validation panel is the task's (TaskSpec.plot_panel).
+# A panel draws those of its keys that the runs logged.
 PANELS = (
-    ("Loss", "cross-entropy", [("train/loss", "train"), ("val/loss", "val")]),
-    ("Validation", "top-1 accuracy / bits per byte", [("val/acc", "val acc"), ("val/bpb", "val bits/byte")]),
+    ("Loss", "loss", [("train/loss", "train"), ("val/loss", "val")]),
+    ("Validation", task_spec().plot_panel[0], list(task_spec().plot_panel[1])),
     ("Learning rate", "lr", [("train/lr", "lr")]),
     (
         "Throughput",

@@ -51,9 +51,9 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import train
-from .checkpoint import atomic_write
-from .config import load_config
-from .errors import PREEMPTED_EXIT, RUNTIME_FAILURE, ConfigError, error_line, report
+from .engine.ckpt.files import atomic_write
+from .engine.config import load_config
+from .engine.errors import PREEMPTED_EXIT, RUNTIME_FAILURE, ConfigError, error_line, report
 
 if TYPE_CHECKING:
     import optuna

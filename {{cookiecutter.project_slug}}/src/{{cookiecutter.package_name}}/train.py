@@ -1,4 +1,4 @@
-"""Train (and resume) an image classifier. One process is world size 1 of the same code.
+"""Train (and resume) the task's model. One process is world size 1 of the same code.
 
     python -m PACKAGE.train                                        # one CPU or GPU, synthetic data
     python -m PACKAGE.train --config configs/default.yaml trainer.max_epochs=10 data.batch_size=64
@@ -33,32 +33,32 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from . import distributed, provenance
-from .checkpoint import remove_stale_temporaries, resume_state
-from .config import Config, ConfigError, load_config, parse_args, to_dict
-from .ema import WeightAverage
-from .errors import PREEMPTED_EXIT, RUNTIME_FAILURE, Preempted, exit_status, report
-from .launcher import check_accelerate_fsdp
-from .loaders import DeviceTrainLoader, build_loaders, shut_down_workers
-from .metrics import MetricsLogger, PerfMeter
-from .optim import build_optimizer, check_finite, warmup_cosine
-from .preemption import StopRequest
-from .profiler import StepProfiler
-from .provenance import append_record, run_record
-from .rundir import claim_output_dir, save_best, save_best_sharded, start_in_output_dir
-from .sharded import ShardedSaver, holds_shards
-from .state import TrainState, checkpoint_format
-from .step import StepResult, train_mode, train_step
-from .task import Task
-from .task_config import VAL_METRICS
+from .engine import provenance
+from .engine.ckpt.checkpoint import remove_stale_temporaries, resume_state
+from .engine.ckpt.sharded import ShardedSaver, holds_shards
+from .engine.config import TASK, Config, ConfigError, load_config, parse_args, to_dict
+from .engine.ema import WeightAverage
+from .engine.errors import PREEMPTED_EXIT, RUNTIME_FAILURE, Preempted, exit_status, report
+from .engine.launcher import check_accelerate_fsdp
+from .engine.loaders import DeviceTrainLoader, build_loaders, shut_down_workers
+from .engine.metrics import MetricsLogger, PerfMeter
+from .engine.optim import build_optimizer, check_finite, warmup_cosine
+from .engine.parallel import distributed
+from .engine.preemption import StopRequest
+from .engine.profiler import StepProfiler
+from .engine.provenance import append_record, run_record
+from .engine.rundir import claim_output_dir, save_best, save_best_sharded, start_in_output_dir
+from .engine.state import TrainState, checkpoint_format
+from .engine.step import StepResult, train_mode, train_step
+from .task.task import Task
 
 log = logging.getLogger(__package__)
 
 
 def monitored(cfg: Config) -> tuple[str, str]:
     """trainer.monitor and trainer.monitor_mode, null meaning the task's metric and the metric's direction."""
-    name = cfg.trainer.monitor or Task.MONITOR
-    return name, cfg.trainer.monitor_mode or VAL_METRICS[name]
+    name = cfg.trainer.monitor or TASK.monitor
+    return name, cfg.trainer.monitor_mode or TASK.metrics[name]
 
 
 def best_key(monitor: str) -> str:
@@ -169,7 +169,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
             val = task.validate(distributed.without_ddp(model), val_loader)
         if state.ema:
             raw = task.validate(distributed.without_ddp(model), val_loader)
-            val.update({key.replace("val/", "val_raw/", 1): raw[key] for key in VAL_METRICS})
+            val.update({key.replace("val/", "val_raw/", 1): raw[key] for key in TASK.metrics})
         return val
 
     def validate() -> dict:
@@ -289,7 +289,7 @@ def log_training(state: TrainState, result: StepResult, perf: PerfMeter, logger:
 def out_of_memory_advice(batch_size: int, accum: int) -> str:
     """What to change after the GPU ran out of memory: the same global batch in smaller pieces."""
     if batch_size == 1:
-        return "CUDA out of memory at data.batch_size=1; try trainer.precision=bf16, a smaller data.image_size or model"
+        return f"CUDA out of memory at data.batch_size=1; try trainer.precision=bf16 or {TASK.memory_hint}"
     factor = next(f for f in range(2, batch_size + 1) if batch_size % f == 0)
     return (
         f"CUDA out of memory; lower data.batch_size and raise trainer.grad_accum_steps by the same factor, which "

@@ -1,0 +1,1 @@
+"""Checkpoints: atomic files, the full and sharded formats, and restoring a trained model."""

@@ -1,0 +1,152 @@
+"""Rebuilding a trained model from a checkpoint, for the evaluate and export commands.
+
+The model is rebuilt from the checkpoint: its stored config gives only the model's and the
+task's shape (the task's TaskSpec.from_checkpoint). --config files and key=value overrides win. Everything else,
+places above all, comes from the command line or the defaults: a checkpoint copied from
+elsewhere never decides where data is read from or anything is written. Outputs go under
+run.output_dir as given on the command line or, for --checkpoint PATH alone, beside it (see beside()).
+
+Which weights: a checkpoint of a run with optim.ema_decay > 0 holds the weights' moving average
+beside them; the commands use the average (what validation measured and best.safetensors holds)
+unless `--weights raw` asks for the trained weights themselves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import OmegaConf
+from torch import nn
+
+from ..config import TASK, Config, load_config, parse_args
+from ..ema import load_average_into
+from ..errors import CheckpointError, ConfigError
+from .checkpoint import latest_checkpoint, load_checkpoint, strip_prefixes
+from .sharded import ShardedWeights, load_weights_into
+
+# Training-only settings a --config file may carry (a resume path) that may be gone where a trained
+# model is restored; the task adds its own (TaskSpec.inference_only).
+INFERENCE_ONLY = ("trainer.resume=never",)
+
+
+def restore_trained(argv: list[str], program: str) -> tuple[Config, Path, dict]:
+    """Config, checkpoint path and checkpoint state for --checkpoint PATH or the run's newest one.
+
+    Defaults < the checkpoint's TaskSpec.from_checkpoint keys < --config files < key=value overrides.
+    run.output_dir is the command line's; with --checkpoint PATH alone, the folder beside it.
+    """
+    checkpoint_arg, weights, rest = _checkpoint_option(argv)
+    files, overrides = parse_args(rest, program)
+    overrides = [*INFERENCE_ONLY, *TASK.inference_only, *overrides]
+    cfg = load_config(files, overrides)
+    if checkpoint_arg:
+        path, state = Path(checkpoint_arg), load_checkpoint(Path(checkpoint_arg))
+    else:
+        found = latest_checkpoint(Path(cfg.run.output_dir) / "checkpoints")
+        if found is None:
+            raise ConfigError(
+                f"run.output_dir={cfg.run.output_dir!r} holds no usable checkpoint; train first "
+                "or pass --checkpoint PATH"
+            )
+        path, state = found
+    cfg = load_config(files, overrides, base=model_and_task(state, path))
+    if checkpoint_arg and not _output_dir_given(files, overrides):
+        cfg.run.output_dir = str(beside(path))  # set here, not as an override: a path is never parsed
+    if weights == "raw":
+        state.pop("ema", None)
+    elif weights == "ema" and "ema" not in state:
+        raise ConfigError(f"--weights ema: {path} holds no weight average (it was trained with optim.ema_decay=0)")
+    return cfg, path, state
+
+
+WEIGHTS = ("ema", "raw")
+
+
+def _checkpoint_option(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
+    """--checkpoint PATH and --weights ema|raw, and the other arguments."""
+    found: dict[str, str | None] = {"--checkpoint": None, "--weights": None}
+    rest = []
+    args = iter(argv)
+    for arg in args:
+        option, equals, value = arg.partition("=")
+        if option not in found:
+            rest.append(arg)
+            continue
+        found[option] = value if equals else next(args, None)
+        if found[option] is None:
+            raise ConfigError(f"{option} needs a value")
+    if found["--weights"] not in (None, *WEIGHTS):
+        raise ConfigError(f"--weights {found['--weights']!r}: choose ema (the moving average) or raw")
+    return found["--checkpoint"], found["--weights"], rest
+
+
+def model_and_task(state: dict, path: Path) -> dict:
+    """The TaskSpec.from_checkpoint part of a checkpoint's stored config, as {section: {key: value}}."""
+    stored = state.get("config") if isinstance(state.get("config"), dict) else {}
+    taken: dict = {}
+    for section, keys in TASK.from_checkpoint.items():
+        values = stored.get(section) if isinstance(stored.get(section), dict) else {}
+        for key in keys:
+            if key in values:
+                taken.setdefault(section, {})[key] = _plain(values[key], f"{section}.{key}", path)
+    return taken
+
+
+def _plain(value, key: str, path: Path):
+    """A stored value as data, never as configuration to evaluate.
+
+    OmegaConf would resolve "${...}" in a stored string, and "${oc.env:HOME}" reads the
+    environment: a checkpoint written elsewhere must not run resolvers here.
+    """
+    if isinstance(value, str) and "${" in value:
+        raise CheckpointError(f"{path}: stored {key}={value!r} is an interpolation, which is never resolved")
+    if value is not None and not isinstance(value, str | int | float | bool):
+        raise CheckpointError(f"{path}: stored {key}={value!r} is not a number, flag or string")
+    return value
+
+
+def _output_dir_given(files: list[str], overrides: list[str]) -> bool:
+    """Whether run.output_dir was set by a key=value override or a --config file."""
+    if any(item.split("=", 1)[0] == "run.output_dir" for item in overrides):
+        return True
+    return any("output_dir" in (OmegaConf.load(file).get("run") or {}) for file in files)
+
+
+def beside(checkpoint: Path) -> Path:
+    """Where --checkpoint PATH alone writes: the run directory for a run's checkpoints/step_N(.pt)
+    (where train wrote metrics.jsonl and where evaluate would write given run.output_dir), else
+    the checkpoint's own folder."""
+    folder = checkpoint.parent
+    return folder.parent if folder.name == "checkpoints" else folder
+
+
+def trained_step(state: dict) -> int | None:
+    """The optimizer step a checkpoint was written at; None for weights saved without progress."""
+    progress = state.get("progress")
+    return progress.get("step") if isinstance(progress, dict) else None
+
+
+def load_model_weights(model: nn.Module, state: dict, source: Path) -> None:
+    """Load a checkpoint's weights, saved by any wrapper (DDP, compile), into a plain model, and over
+    them its weight average when it holds one (see restore_trained's --weights; integer buffers stay
+    the model's). A sharded checkpoint's tensors are read from its shards, without the optimizer state.
+    A mismatch names the file."""
+    for key in ("model", "ema") if "ema" in state else ("model",):
+        weights = state[key]
+        try:
+            if isinstance(weights, ShardedWeights):
+                load_weights_into(model, weights.path, weights.key)
+            elif key == "ema":
+                load_average_into(model, weights)
+            else:
+                model.load_state_dict(strip_prefixes(weights))
+        except (RuntimeError, KeyError) as err:
+            raise CheckpointError(f"{source}: does not fit the configured model ({mismatch(err)})") from None
+
+
+def mismatch(err: Exception) -> str:
+    """The informative part of torch's state-dict error: the first missing, unexpected or mis-sized key."""
+    for line in str(err).splitlines():
+        if "Missing key" in line or "Unexpected key" in line or "size mismatch" in line:
+            return line.strip()[:240]
+    return str(err).strip().splitlines()[-1][:240]

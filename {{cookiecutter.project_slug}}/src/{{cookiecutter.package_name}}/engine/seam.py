@@ -1,0 +1,167 @@
+"""The one interface between the engine and a task, declared once.
+
+A task is the folder PACKAGE/task/. It hands the engine two things, and the engine reads nothing
+else from it (this module is the only one in engine/ that imports from task/):
+
+- task/config.py's ``SPEC``, a `TaskSpec`: what the task declares without running anything,
+  its data: and model: config sections (subclasses of `DataBase` and `ModelBase`, whose keys the
+  engine itself reads), allowed values and checks, its validation metrics and their directions,
+  the keys a resumed run may change, what a checkpoint restores, its plot panel and its
+  out-of-memory hint;
+- task/task.py's ``Task``, a subclass of `Task` below: the data sets, the model, the loss of a
+  micro-batch, validation and an export example. The methods without a body here are the ones
+  every task writes; the others have defaults.
+
+docs/tasks.md walks through a complete task; the template's tests bake it and train it.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch.utils.data import DataLoader, Dataset
+
+    from .config import Config
+
+
+@dataclass
+class DataBase:
+    """The data: keys the engine reads; a task's data config subclasses it (and may change the defaults)."""
+
+    batch_size: int = 32
+    """Samples per process per micro-batch; the global batch is batch_size x world size x grad_accum_steps."""
+    loader: str = "auto"
+    """device (both sets on the training device, batches gathered there, no workers), workers (a DataLoader,
+    data.num_workers processes) or auto (device when the task's sets take at most a quarter of the device's
+    memory, of RAM on a CPU; the log says which it chose)."""
+    num_workers: int = 0
+    """DataLoader worker processes per training process (0 loads in the main process)."""
+
+
+@dataclass
+class ModelBase:
+    """The model: keys the engine reads; a task's model config subclasses it."""
+
+    compile: bool = False
+    """torch.compile the model (the first steps are slow while it compiles)."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of keeping them: less memory, about a third
+    more compute per step."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What a task declares about itself without running anything (task/config.py's SPEC)."""
+
+    data: type[DataBase]
+    """The data: section, a dataclass with a docstring under each field (they drive --help and the docs)."""
+    model: type[ModelBase]
+    """The model: section, likewise."""
+    metrics: dict[str, str]
+    """Validation metrics trainer.monitor may name, each with the direction it improves in (min or max)."""
+    monitor: str
+    """The metric that picks best.safetensors when trainer.monitor is null; one of `metrics`."""
+    validate: Callable[[Config], None] = lambda cfg: None
+    """Refuse combinations of the task's keys that cannot work (raise ConfigError naming the key)."""
+    choices: dict[str, tuple] = field(default_factory=dict)
+    """Values a task key may take, e.g. {"data.name": ("synthetic", "cifar10")}."""
+    at_least_one: tuple[str, ...] = ()
+    """Task keys that must be at least 1."""
+    defaults: dict = field(default_factory=dict)
+    """Defaults of the shared sections that differ for this task, e.g. {"optim": {"lr": 6e-3}}."""
+    from_checkpoint: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """What a checkpoint's stored config sets in evaluate and export (section -> keys): what rebuilds the
+    model and the data it was trained on, never a place or how to run."""
+    inference_only: tuple[str, ...] = ()
+    """Overrides evaluate and export apply to a --config file: training-only settings that may be gone."""
+    resume_may_change: tuple[str, ...] = ()
+    """Task keys a resumed run may change (a data folder moved, say): none may change what is trained."""
+    memory_hint: str = "a smaller model"
+    """What else to try when even data.batch_size=1 runs out of memory (names task keys)."""
+    plot_panel: tuple[str, tuple[tuple[str, str], ...]] = ("Validation", ())
+    """PACKAGE.plot's validation panel: (y label, ((metrics.jsonl key, line label), ...))."""
+
+    def __post_init__(self):
+        if self.monitor not in self.metrics:
+            raise ValueError(f"TaskSpec.monitor={self.monitor!r} is not one of its metrics {list(self.metrics)}")
+
+
+class Task(abc.ABC):
+    """What the engine calls on the task while training, evaluating and exporting (task/task.py's Task).
+
+        task = Task(cfg, device)
+        train_set, val_set = task.datasets()        # also learns what the model needs (classes, vocabulary)
+        model = task.build_model(device, shard)     # on that device, initialised from run.seed; shard: FSDP
+        loss, samples = task.loss(model, batch)     # one micro-batch: to the device, forward, loss
+        metrics = task.validate(model, loader)      # exact over every process; SPEC.metrics among them
+        args, shapes = task.export_example()        # the model's input and its dynamic dimensions
+
+    The training set is indexed by the (epoch, index) keys of loaders.ResumableSampler, so a random draw
+    made per sample (augmentation, a window's offset) is the same for any number of processes and
+    after a resume.
+    """
+
+    def __init__(self, cfg: Config, device: torch.device):
+        self.cfg, self.device = cfg, device
+
+    @abc.abstractmethod
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        """The training set (by (epoch, index) keys) and the validation set."""
+
+    @abc.abstractmethod
+    def build_model(self, device: torch.device | None = None, shard: Callable | None = None) -> nn.Module:
+        """The model on `device` (default CPU), initialised from run.seed. Under FSDP, shard(model) must be
+        applied on the meta device before any weight exists (meta_init.build does both)."""
+
+    @abc.abstractmethod
+    def loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, int]:
+        """The mean loss of one micro-batch (moved to self.device here) and its number of samples."""
+
+    @abc.abstractmethod
+    def validate(self, model: nn.Module, loader: DataLoader) -> dict:
+        """The validation metrics over the whole set, exact for any number of processes: at least
+        val/loss and every metric of SPEC.metrics. The model is in eval mode, under no_grad."""
+
+    @abc.abstractmethod
+    def export_example(self) -> tuple[tuple, tuple]:
+        """An example input of the model and its dynamic dimensions, for torch.export."""
+
+    def device_bytes(self, train_set: Dataset, val_set: Dataset) -> tuple[int, str | None]:
+        """Bytes both sets would take on the device, and what speaks against data.loader=auto putting
+        them there (None: nothing). By default the sets stay with DataLoader workers."""
+        return 0, "this task keeps its data in DataLoader workers"
+
+    def device_sets(self, train_set: Dataset, val_set: Dataset) -> tuple:
+        """Both sets on the training device (data.loader=device), each with .batch(epoch, indices)."""
+        raise ConfigError("data.loader=device: this task's data does not go on the device; use data.loader=workers")
+
+    def summary(self, metrics: dict) -> str:
+        """The log line after a validation."""
+        return " ".join(f"{key} {value:.4f}" for key, value in metrics.items() if isinstance(value, float))
+
+    def throughput(self, samples_per_s: float) -> dict:
+        """More perf/ figures for a training log line than perf/samples_per_s (e.g. tokens per second)."""
+        return {}
+
+
+def task_spec() -> TaskSpec:
+    """The project's task declaration, task/config.py's SPEC."""
+    from ..task.config import SPEC
+
+    return SPEC
+
+
+def task_class() -> type[Task]:
+    """The project's task, task/task.py's Task (imported on first use: it brings the task's libraries)."""
+    from ..task.task import Task as ProjectTask
+
+    return ProjectTask

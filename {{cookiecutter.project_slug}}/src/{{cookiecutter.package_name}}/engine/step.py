@@ -1,0 +1,97 @@
+"""One optimizer step: zero_grad, the accumulated forward/backward passes, unscale, clip, step.
+
+    for micro_batch in micro_batches:            # grad_accum_steps of them
+        loss, samples = loss_fn(model, micro_batch)
+        (loss / grad_accum_steps).backward()     # all-reduced on the last one only
+    clip; step (skipped on the device when the gradient norm is not finite); scheduler.step()
+
+loss_fn(model, batch) -> (mean loss of the batch, samples in it) moves the batch to the device and
+runs the model; it is the only part that knows what is trained, so a test can call train_step
+with its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .config import TrainerConfig
+from .optim import Diverged, gradient_norm, step_if_finite
+from .parallel import distributed
+from .state import TrainState
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast(device: torch.device, precision: str):
+    """torch.autocast for bf16/fp16; a no-op context for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=AUTOCAST_DTYPES[precision])
+
+
+def train_mode(model: nn.Module) -> None:
+    """model.train(), but normalisation layers whose parameters are frozen stay in eval mode.
+
+    A frozen BatchNorm in train mode would still update its running statistics.
+    """
+    model.train()
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._NormBase):
+            params = list(module.parameters(recurse=False))
+            if params and not any(p.requires_grad for p in params):
+                module.eval()
+
+
+LossFn = Callable[[nn.Module, object], tuple[torch.Tensor, int]]
+
+
+@dataclass
+class StepResult:
+    grad_norm: torch.Tensor  # the global gradient norm before clipping, on the device
+    lr: float  # the learning rate this step used
+    samples: int  # samples this process trained on
+
+
+def train_step(
+    state: TrainState, micro_batches: Iterable, loss_fn: LossFn, tcfg: TrainerConfig, global_micro: int
+) -> StepResult:
+    """One optimizer step over tcfg.grad_accum_steps micro-batches (global_micro samples each, all processes)."""
+    model, optimizer, scaler, progress = state.model, state.optimizer, state.scaler, state.progress
+    accum, samples = tcfg.grad_accum_steps, 0
+    optimizer.zero_grad(set_to_none=True)
+    for micro, batch in enumerate(micro_batches):
+        with distributed.gradient_sync(model, enabled=micro == accum - 1):  # one all-reduce per step
+            with autocast(state.device, tcfg.precision):
+                loss, n = loss_fn(model, batch)
+            try:
+                scaler.scale(loss / accum if accum > 1 else loss).backward()
+            except RuntimeError as err:
+                if not tcfg.detect_anomaly:
+                    raise
+                reason = str(err).strip().splitlines()[0]  # names the backward op; the warning shows where
+                raise Diverged(f"autograd anomaly at step {progress.step + 1}: {reason}") from None
+        state.running.update(loss, n)  # stays on the device: no host sync per step
+        samples += n
+        progress.samples_done += global_micro
+    scaler.unscale_(optimizer)  # true gradients for the norm (a no-op unless fp16)
+    grad_norm = gradient_norm(model, tcfg.grad_clip)  # the same on every rank
+    # norm - norm is 0 when finite and NaN for inf or NaN: 2 ops, no host sync; read by check_updates.
+    bad = (grad_norm - grad_norm).ne_(0)
+    state.nonfinite.append(bad)
+    lr = state.scheduler.get_last_lr()[0]
+    if scaler.is_enabled():  # fp16
+        scaler.step(optimizer)  # skips the step itself on inf/NaN gradients
+        scaler.update()
+    else:
+        step_if_finite(optimizer, bad)
+    state.scheduler.step()  # per optimizer step, not per micro-batch
+    distributed.broadcast_buffers(model, ddp=state.ema is not None)  # one set of BatchNorm statistics
+    progress.step += 1
+    if state.ema is not None:  # optim.ema_decay: the moving average follows the updated weights
+        state.ema.update(progress.step)
+    return StepResult(grad_norm, lr, samples)

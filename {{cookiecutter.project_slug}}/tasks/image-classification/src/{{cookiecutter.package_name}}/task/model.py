@@ -1,0 +1,118 @@
+"""The model: a torchvision classifier by name, the loss, and what freezing means.
+
+Parallelism (DDP/FSDP) is applied in distributed.py, never here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torchvision
+from torch import nn
+from torch.nn import functional as F
+
+from ..engine.ckpt.checkpoint import load_weights
+from ..engine.errors import ConfigError
+from .config import ModelConfig
+
+
+def group_norm(channels: int) -> nn.GroupNorm:
+    """GroupNorm with up to 32 groups: statistics per sample, so independent of the batch size."""
+    return nn.GroupNorm(min(32, channels), channels)
+
+
+def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
+    """A torchvision classifier with num_classes outputs, optionally from local weights and frozen."""
+    model = architecture(cfg, num_classes)
+    if cfg.pretrained:
+        load_pretrained(model, cfg.pretrained)
+    if cfg.freeze_backbone:
+        freeze_backbone(model)
+    return model
+
+
+# The modules init_module initialises; a model with parameters in any other kind of module (a
+# ViT's class token, say) keeps torchvision's own initialisation and is built whole.
+INIT_TYPES = (nn.Conv2d, nn.Linear, nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
+
+
+def init_module(name: str, module: nn.Module, generator: torch.Generator) -> None:
+    """torchvision's initialisation of its CNNs, drawn from generator: convolutions He-normal (fan
+    out), norms weight 1 and bias 0 with fresh statistics, linear layers torch's default uniform."""
+    if isinstance(module, nn.Conv2d):
+        nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu", generator=generator)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Linear):
+        nn.init.kaiming_uniform_(module.weight, a=math.sqrt(5), generator=generator)
+        if module.bias is not None:
+            bound = 1 / math.sqrt(module.in_features)
+            nn.init.uniform_(module.bias, -bound, bound, generator=generator)
+    else:  # BatchNorm, GroupNorm, LayerNorm
+        if getattr(module, "weight", None) is not None:
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.reset_running_stats()
+
+
+def architecture(cfg: ModelConfig, num_classes: int) -> nn.Module:
+    """The classifier's layers, with torchvision's initialisation (on the meta device: shapes only)."""
+    kwargs = {"num_classes": num_classes}
+    if cfg.norm == "group":
+        kwargs["norm_layer"] = group_norm
+    try:
+        model = torchvision.models.get_model(cfg.name, weights=None, **kwargs)
+    except (ValueError, KeyError):
+        raise ConfigError(
+            f"model.name={cfg.name!r} is not a torchvision model; try resnet18, resnet50, efficientnet_b0, "
+            "or see torchvision.models.list_models(module=torchvision.models)"
+        ) from None
+    if cfg.small_input and isinstance(model, torchvision.models.ResNet):
+        # 32x32 images: a 3x3 stride-1 stem keeps 4x more spatial detail than the 7x7 stride-2 one.
+        model.conv1 = nn.Conv2d(3, model.conv1.out_channels, 3, stride=1, padding=1, bias=False)
+    return model
+
+
+def classifier_head(model: nn.Module) -> nn.Linear:
+    """The last Linear layer: fc for ResNets, classifier[-1] or heads.head for others."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        raise ConfigError("model.freeze_backbone=true: the model has no Linear classifier head")
+    return linears[-1]
+
+
+def load_pretrained(model: nn.Module, path: str) -> None:
+    """Load local weights; tensors whose shape differs (a head for other classes) keep their init."""
+    weights = load_weights(path)
+    own = model.state_dict()
+    usable = {k: v for k, v in weights.items() if k in own and own[k].shape == v.shape}
+    if not usable:
+        raise ConfigError(f"model.pretrained={path!r}: none of its tensors fit model.name's layers")
+    head = classifier_head(model)
+    head_keys = {f"{name}.{p}" for name, m in model.named_modules() if m is head for p, _ in m.named_parameters()}
+    missing = sorted(k for k in own if k not in usable and k not in head_keys)
+    if missing:
+        shown = ", ".join(missing[:3])
+        raise ConfigError(f"model.pretrained={path!r} does not fit model.name (missing e.g. {shown})")
+    model.load_state_dict(usable, strict=False)
+
+
+def freeze_backbone(model: nn.Module) -> None:
+    """Stop gradients everywhere but the classifier head."""
+    head = classifier_head(model)
+    for param in model.parameters():
+        param.requires_grad_(False)
+    for param in head.parameters():
+        param.requires_grad_(True)
+
+
+def classification_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over integer class targets; refuses shapes that would silently broadcast."""
+    if targets.dtype != torch.long or targets.shape != logits.shape[:1]:
+        raise ValueError(
+            f"targets must be class indices of shape {tuple(logits.shape[:1])} and dtype long, "
+            f"got shape {tuple(targets.shape)} and dtype {targets.dtype}"
+        )
+    return F.cross_entropy(logits.float(), targets)

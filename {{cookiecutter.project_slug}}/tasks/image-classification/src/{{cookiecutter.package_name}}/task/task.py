@@ -1,0 +1,95 @@
+"""The task: what this project trains, image classification. The engine calls it through the
+interface engine/seam.py declares (seam.Task).
+
+The training set takes the (epoch, index) keys of loaders.ResumableSampler, so its random draws
+(augmentation here) are the same for any number of processes and after a resume. config.py
+(its SPEC), data.py, model.py and validation.py are this task's own building blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from ..engine import seam
+from ..engine.config import Config
+from ..engine.parallel import meta_init
+from .data import DeviceImages, SeededAugmentation, build_datasets, device_bytes, device_image_set
+from .model import INIT_TYPES, architecture, build_model, classification_loss, init_module
+from .validation import evaluate_model
+
+
+class Task(seam.Task):
+    """Image classification: uint8 images normalised on the device, cross-entropy, accuracy."""
+
+    def __init__(self, cfg: Config, device: torch.device):
+        super().__init__(cfg, device)
+        self.inputs = DeviceImages(device, cfg.data.name, cfg.model.channels_last)  # normalised on the device
+        self.num_classes: int | None = None
+
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        """The training set (by (epoch, index) keys, augmented per sample) and the validation set:
+        uint8 images and integer labels."""
+        train_set, val_set, self.num_classes = build_datasets(self.cfg.data)
+        return SeededAugmentation(train_set, self.cfg.run.seed, augment=self.cfg.data.augment), val_set
+
+    def device_bytes(self, train_set: Dataset, val_set: Dataset) -> tuple[int, str | None]:
+        """Bytes both sets take on the device (uint8 images), and what speaks against data.loader=auto
+        choosing the device (None: nothing)."""
+        nbytes = device_bytes(train_set, self.cfg.data) + device_bytes(val_set, self.cfg.data)
+        if self.cfg.data.name == "imagefolder" and self.cfg.data.augment:
+            return nbytes, "imagefolder trains on random resized crops, which the device loader does not make"
+        return nbytes, None
+
+    def device_sets(self, train_set: Dataset, val_set: Dataset) -> tuple:
+        """Both sets on the training device (data.loader=device): the training set augmented there."""
+        data = self.cfg.data
+        train = device_image_set(train_set, data, self.device, seed=self.cfg.run.seed, augment=data.augment)
+        return train, device_image_set(val_set, data, self.device)
+
+    def build_model(self, device: torch.device | None = None, shard: Callable | None = None) -> nn.Module:
+        """The classifier for the data's classes on `device` (default CPU) in the training memory
+        format, initialised from run.seed; shard(model) (FSDP) is applied on the meta device, before
+        any weight exists (meta_init.py). Pretrained weights load into the whole model first."""
+        device = device or torch.device("cpu")
+        if self.cfg.model.pretrained:
+            model = build_model(self.cfg.model, self.num_classes).to(device, memory_format=self.inputs.memory_format)
+            return shard(model) if shard else model
+        model, _ = meta_init.build(
+            lambda: architecture(self.cfg.model, self.num_classes).to(memory_format=self.inputs.memory_format),
+            init_module,
+            INIT_TYPES,
+            device,
+            self.cfg.run.seed,
+            shard,
+        )
+        return model
+
+    def loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, int]:
+        """Mean cross-entropy of one micro-batch and its number of samples."""
+        images, targets = batch
+        images = self.inputs(images)
+        targets = targets.to(self.device, non_blocking=True)  # the whole batch moves, not just inputs
+        return classification_loss(model(images), targets), len(targets)
+
+    def validate(self, model: nn.Module, loader: DataLoader) -> dict:
+        """val/loss, val/acc and val/samples over the whole validation set."""
+        return evaluate_model(model, loader, self.inputs, self.cfg.trainer.precision)
+
+    def summary(self, metrics: dict) -> str:
+        return f"val/loss {metrics['val/loss']:.4f} val/acc {metrics['val/acc']:.4f} ({metrics['val/samples']} samples)"
+
+    def throughput(self, samples_per_s: float) -> dict:
+        """No figures beyond perf/samples_per_s: a sample is an image."""
+        return {}
+
+    def export_example(self) -> tuple[tuple, tuple]:
+        """Two images of the configured size, with a dynamic batch dimension (1 to 4096 images).
+
+        torch.export specialises a dimension of size 0 or 1 to that constant, so an example batch
+        of one would fix the batch size the program accepts."""
+        images = torch.zeros(2, 3, self.cfg.data.image_size, self.cfg.data.image_size)
+        return (images,), ({0: torch.export.Dim("batch", min=1, max=4096)},)

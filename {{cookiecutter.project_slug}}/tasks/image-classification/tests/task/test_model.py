@@ -1,0 +1,85 @@
+"""Model: torchvision by name, the 32x32 stem, GroupNorm, pretrained weights, freezing, the loss."""
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from {{ cookiecutter.package_name }}.engine.config import ConfigError, OptimConfig
+from {{ cookiecutter.package_name }}.engine.optim import build_optimizer
+from {{ cookiecutter.package_name }}.engine.step import train_mode
+from {{ cookiecutter.package_name }}.task.config import ModelConfig
+from {{ cookiecutter.package_name }}.task.model import build_model, classification_loss, classifier_head
+from {{ cookiecutter.package_name }}.train import main
+
+
+def test_default_model_suits_32x32_images():
+    """resnet18 gets a 3x3 stride-1 stem and num_classes outputs."""
+    model = build_model(ModelConfig(), num_classes=7)
+    assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 7)
+
+
+def test_group_norm_replaces_batch_norm():
+    """model.norm=group leaves no BatchNorm, so results do not depend on the batch size."""
+    model = build_model(ModelConfig(norm="group"), num_classes=10)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+    assert any(isinstance(m, nn.GroupNorm) for m in model.modules())
+
+
+def test_unknown_model_is_a_config_error():
+    """A name torchvision does not know is refused with a hint."""
+    with pytest.raises(ConfigError, match="model.name='resnet1' is not a torchvision model"):
+        build_model(ModelConfig(name="resnet1"), num_classes=10)
+
+
+def _pretrained_file(tmp_path, num_classes=100, prefix="module."):
+    source = build_model(ModelConfig(), num_classes=num_classes)
+    path = tmp_path / "backbone.safetensors"
+    save_file({prefix + k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    return source, path
+
+
+def test_pretrained_weights_load_with_prefixes_and_a_new_head(tmp_path):
+    """Weights saved from a DDP model with another head load; the head keeps its fresh init."""
+    source, path = _pretrained_file(tmp_path)
+    model = build_model(ModelConfig(pretrained=str(path)), num_classes=10)
+    assert torch.equal(model.conv1.weight, source.conv1.weight)
+    assert model.fc.weight.shape == (10, 512)
+
+
+def test_frozen_backbone_trains_only_the_head_and_keeps_batchnorm_still(tmp_path):
+    """Frozen parameters stay out of the optimizer and frozen BatchNorm keeps its statistics."""
+    _, path = _pretrained_file(tmp_path)
+    model = build_model(ModelConfig(pretrained=str(path), freeze_backbone=True), num_classes=10)
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    assert trainable == {id(p) for p in classifier_head(model).parameters()}
+    optimizer = build_optimizer(model, OptimConfig())
+    in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    assert in_optimizer == trainable
+
+    train_mode(model)
+    assert model.training and not model.bn1.training
+    before = model.bn1.running_mean.clone()
+    model(torch.randn(4, 3, 32, 32) * 5 + 3)
+    assert torch.equal(model.bn1.running_mean, before)
+
+
+def test_loss_refuses_one_hot_and_misshaped_targets():
+    """Cross-entropy wants (N,) long class indices; (N,1) or one-hot floats would broadcast silently."""
+    logits = torch.randn(4, 3)
+    targets = torch.tensor([0, 2, 1, 0])
+    assert torch.isclose(classification_loss(logits, targets), nn.functional.cross_entropy(logits, targets))
+    with pytest.raises(ValueError, match="class indices"):
+        classification_loss(logits, targets[:, None])
+    with pytest.raises(ValueError, match="class indices"):
+        classification_loss(logits, nn.functional.one_hot(targets, 3).float())
+
+
+@pytest.mark.parametrize("content", [[1, 2, 3], {"conv1.weight": "not a tensor"}, "text"])
+def test_pretrained_file_that_is_not_a_dict_of_tensors_exits_2(content, tiny, tmp_path, capsys):
+    """model.pretrained pointing at a torch file of something else than a state_dict is named, exit 2."""
+    path = tmp_path / "weights.pt"
+    torch.save(content, path)
+    assert main([*tiny, f"model.pretrained={path}"]) == 2
+    assert "not a state_dict of tensors" in capsys.readouterr().err

@@ -1,0 +1,135 @@
+"""What this task declares to the engine (engine/seam.py's TaskSpec): its data and model config
+sections, their allowed values and checks, its validation metrics, what a resume may change and
+what a checkpoint restores.
+
+engine/config.py holds the sections every task shares (run, optim, trainer, tracker, distributed)
+and merges these in; the task's modules (task.py, data.py, model.py) read them from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..engine import PACKAGE
+from ..engine.errors import ConfigError
+from ..engine.seam import DataBase, ModelBase, TaskSpec
+
+if TYPE_CHECKING:
+    from ..engine.config import Config
+
+
+@dataclass
+class DataConfig(DataBase):
+    name: str = "synthetic"
+    """synthetic (text from a random Markov source with a known entropy rate, made in memory) or text
+    (token files written by `python -m PACKAGE.prepare` in data.root)."""
+    root: str = "data"
+    """text: the directory PACKAGE.prepare wrote (train.bin, val.bin, meta.json)."""
+    seq_len: int = 128
+    """Tokens per training sequence (the model's context length)."""
+    batch_size: int = 32
+    """Sequences per process per micro-batch; the global batch is batch_size x world size x grad_accum_steps."""
+    loader: str = "auto"
+    """device (both token splits on the training device as one tensor each, windows gathered there, no
+    workers), workers (a DataLoader, data.num_workers processes) or auto (device when the tokens take at
+    most a quarter of the device's memory, of RAM on a CPU; the log says which it chose)."""
+    num_workers: int = 0
+    """DataLoader worker processes per training process (0: windows are cut in the main process)."""
+    vocab_size: int = 32
+    """synthetic: symbols of the source (each one letter or digit, so a token is one byte of text)."""
+    order: int = 2
+    """synthetic: tokens of context that decide the next token's distribution (a Markov chain of this order)."""
+    concentration: float = 0.2
+    """synthetic: Dirichlet concentration of each symbol's next-symbol distribution (lower: more predictable text)."""
+    context_concentration: float = 0.5
+    """synthetic: how closely a whole context's distribution follows its last symbol's (lower: the earlier
+    symbols matter more, and the floor lies further below what the last symbol alone predicts)."""
+    train_tokens: int = 1_000_000
+    """synthetic: tokens of the training split."""
+    val_tokens: int = 65_536
+    """synthetic: tokens of the validation split (documents the training split never sees)."""
+
+
+@dataclass
+class ModelConfig(ModelBase):
+    preset: str = "micro"
+    """A named size (model.PRESETS): nano, micro, mini (CPU sizes), small, gpt2 (GPT-2 small: 124M with
+    GPT-2's vocabulary)."""
+    n_layer: int | None = None
+    """Transformer blocks (null: the preset's)."""
+    n_head: int | None = None
+    """Attention heads per block (null: the preset's); must divide model.d_model."""
+    d_model: int | None = None
+    """Width of the residual stream (null: the preset's)."""
+    dropout: float = 0.0
+    """Dropout on attention weights and residual branches (0 for pretraining-size data)."""
+
+
+MAX_VOCAB_SYNTHETIC = 62  # letters and digits: each symbol prints as one character
+
+
+def validate(cfg: Config) -> None:
+    """Combinations of data and model keys that cannot work, named."""
+    data, model = cfg.data, cfg.model
+    if not 0.0 <= model.dropout < 1.0:
+        raise ConfigError(f"model.dropout={model.dropout} must be at least 0 and below 1")
+    for key in ("n_layer", "n_head", "d_model"):
+        if getattr(model, key) is not None and getattr(model, key) < 1:
+            raise ConfigError(f"model.{key}={getattr(model, key)} must be at least 1, or null for the preset's")
+    if data.name == "synthetic":
+        if not 2 <= data.vocab_size <= MAX_VOCAB_SYNTHETIC:
+            raise ConfigError(f"data.vocab_size={data.vocab_size} must be between 2 and {MAX_VOCAB_SYNTHETIC}")
+        if data.vocab_size**data.order > 2**20:
+            raise ConfigError(
+                f"data.vocab_size**data.order = {data.vocab_size}**{data.order} contexts is too many to tabulate "
+                "(at most 2**20); lower data.order or data.vocab_size"
+            )
+        for key in ("concentration", "context_concentration"):
+            if not getattr(data, key) > 0:
+                raise ConfigError(f"data.{key}={getattr(data, key)} must be above 0")
+    if data.name == "text":
+        meta = Path(data.root) / "meta.json"
+        if not meta.is_file():
+            raise ConfigError(
+                f"data.root={data.root!r} has no meta.json; data.name=text reads the token files that "
+                f"`python -m {PACKAGE}.prepare --out {data.root} FILES...` writes"
+            )
+
+
+SPEC = TaskSpec(
+    data=DataConfig,
+    model=ModelConfig,
+    metrics={"val/loss": "min", "val/ppl": "min", "val/bpb": "min"},
+    monitor="val/loss",
+    validate=validate,
+    choices={"data.name": ("synthetic", "text"), "model.preset": ("nano", "micro", "mini", "small", "gpt2")},
+    at_least_one=("data.seq_len", "data.order", "data.train_tokens", "data.val_tokens"),
+    # A run is measured in optimizer steps, with validations between them, rather than in epochs
+    # of a fixed data set.
+    defaults={
+        "optim": {"lr": 6e-3, "weight_decay": 0.1, "warmup_steps": 30},
+        "trainer": {"max_epochs": 1000, "max_steps": 800, "val_every": 100, "checkpoint_every": 200},
+    },
+    # What a checkpoint's stored config sets in evaluate, export and generate: what rebuilds the
+    # model and the data it was trained on. Nothing that names a place (data.root) comes from a
+    # file that may have been written elsewhere.
+    from_checkpoint={
+        "model": ("preset", "n_layer", "n_head", "d_model"),
+        "data": (
+            "name",
+            "seq_len",
+            "vocab_size",
+            "order",
+            "concentration",
+            "context_concentration",
+            "train_tokens",
+            "val_tokens",
+        ),
+        "trainer": ("precision",),
+    },
+    resume_may_change=("data.root",),  # the prepared tokens moved: the same tokens
+    memory_hint="a smaller data.seq_len or model.preset",
+    plot_panel=("bits per byte", (("val/bpb", "val bits/byte"),)),
+)

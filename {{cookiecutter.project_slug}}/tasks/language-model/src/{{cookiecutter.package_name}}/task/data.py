@@ -1,0 +1,241 @@
+"""Token data: a synthetic Markov source with a known entropy rate (default) or the token files
+`PACKAGE.prepare` writes; training windows and exact validation windows over them.
+
+Training reads windows of data.seq_len + 1 tokens. The sampler (loaders.ResumableSampler) shuffles
+the window indices of an epoch by (seed, epoch) across all processes, and each epoch shifts every
+window by an offset drawn from (seed, epoch): which tokens a sample holds depends on (seed, epoch,
+index) only, so a resumed run reads exactly what an uninterrupted one would, and the token stream
+is the same for any number of processes. Validation cuts the validation split into consecutive
+windows so that every token after the first is predicted exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..engine.errors import DataError
+from .config import DataConfig
+from .tokenizer import AlphabetTokenizer, ByteTokenizer, HFTokenizer
+
+DATA_SEED = 0  # the synthetic source does not change with run.seed: runs with other seeds see the same text
+IGNORE = -100  # a target that is not counted (cross_entropy's ignore_index)
+
+
+class MarkovSource:
+    """Text from a random Markov chain of order k over V symbols, with its entropy rate.
+
+    Each symbol s has a next-symbol distribution Q_s ~ Dirichlet(concentration); each context (the
+    previous k symbols, ending in s) has its own distribution drawn around it,
+    Dirichlet(context_concentration x V x Q_s). So the last symbol alone predicts much (a model
+    learns that first), and the symbols before it refine the prediction (which takes attention).
+    The entropy rate H = sum over contexts of stationary(context) x entropy(next | context) is
+    the lowest mean cross-entropy per token any model can reach on the chain's text: the floor a
+    trained model's val/loss approaches.
+    """
+
+    def __init__(
+        self, vocab_size: int, order: int, concentration: float, context_concentration: float, seed: int = DATA_SEED
+    ):
+        self.vocab_size, self.order = vocab_size, order
+        self.contexts = vocab_size**order
+        rng = np.random.default_rng(seed)
+        by_last = rng.dirichlet(np.full(vocab_size, concentration), size=vocab_size)
+        around = context_concentration * vocab_size * by_last[np.arange(self.contexts) % vocab_size] + 1e-3
+        self.next_probs = np.stack([rng.dirichlet(alpha) for alpha in around])
+        self.stationary = self._stationary()
+
+    def _successors(self) -> np.ndarray:
+        """successors[c, x]: the context after symbol x follows context c."""
+        return (np.arange(self.contexts)[:, None] * self.vocab_size) % self.contexts + np.arange(self.vocab_size)
+
+    def _stationary(self, iterations: int = 10_000) -> np.ndarray:
+        successors, pi = self._successors().ravel(), np.full(self.contexts, 1.0 / self.contexts)
+        for _ in range(iterations):
+            flow = (pi[:, None] * self.next_probs).ravel()
+            new = np.bincount(successors, weights=flow, minlength=self.contexts)
+            if np.abs(new - pi).sum() < 1e-13:
+                return new
+            pi = new
+        return pi
+
+    def entropy_rate(self) -> float:
+        """Nats per token: the lowest achievable mean cross-entropy on this source's text."""
+        p = self.next_probs
+        per_context = -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=1)
+        return float(self.stationary @ per_context)
+
+    def sample(self, tokens: int, streams: int, seed: int) -> np.ndarray:
+        """`tokens` symbols as `streams` independent runs of the chain, each started from the
+        stationary distribution, one after the other."""
+        rng = np.random.default_rng(seed)
+        length = math.ceil(tokens / streams)
+        cumulative = self.next_probs.cumsum(axis=1)
+        context = rng.choice(self.contexts, size=streams, p=self.stationary)
+        out = np.empty((streams, length), dtype=np.uint8)
+        for t in range(length):
+            draws = rng.random(streams)
+            symbols = (draws[:, None] > cumulative[context]).sum(axis=1).clip(max=self.vocab_size - 1)
+            out[:, t] = symbols
+            context = (context * self.vocab_size) % self.contexts + symbols
+        return out.reshape(-1)[:tokens]
+
+
+class Tokens:
+    """A 1-D token array: in memory, or a file mapped on first use in each process (workers too)."""
+
+    def __init__(self, array: np.ndarray | None = None, path: Path | None = None, dtype: str = "uint16"):
+        self.array, self.path, self.dtype = array, path, dtype
+
+    def __getstate__(self):  # a worker maps the file itself instead of receiving a copy of it
+        state = dict(self.__dict__)
+        if self.path is not None:
+            state["array"] = None
+        return state
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    @property
+    def data(self) -> np.ndarray:
+        if self.array is None:
+            self.array = np.memmap(self.path, dtype=self.dtype, mode="r")
+        return self.array
+
+    def window(self, start: int, length: int) -> torch.Tensor:
+        return torch.from_numpy(self.data[start : start + length].astype(np.int64))
+
+
+class TrainWindows(Dataset):
+    """Windows of seq_len + 1 tokens, taken by the (epoch, index) keys of loaders.ResumableSampler.
+
+    Window i of an epoch starts at i x seq_len + offset(seed, epoch), so each epoch reads every
+    token once, cut at other places than the epoch before.
+    """
+
+    def __init__(self, tokens: Tokens, seq_len: int, seed: int):
+        self.tokens, self.seq_len, self.seed = tokens, seq_len, seed
+        self.count = (len(tokens) - 1) // seq_len - 1
+        if self.count < 1:
+            raise DataError(
+                f"the training split has {len(tokens)} tokens, too few for windows of data.seq_len={seq_len}"
+            )
+
+    def __len__(self) -> int:
+        return self.count
+
+    def offset(self, epoch: int) -> int:
+        return random.Random(self.seed * 1_000_003 + epoch).randrange(self.seq_len)
+
+    def __getitem__(self, key: tuple[int, int]) -> torch.Tensor:
+        epoch, index = key
+        return self.tokens.window(index * self.seq_len + self.offset(epoch), self.seq_len + 1)
+
+
+class ValWindows(Dataset):
+    """Consecutive windows over the validation split; the last one ends at the split's end and does
+    not count the targets its predecessor counted. Items: (window of seq_len + 1 tokens, the number
+    of its leading targets not counted)."""
+
+    def __init__(self, tokens: Tokens, seq_len: int):
+        self.tokens, self.seq_len = tokens, seq_len
+        if len(tokens) < seq_len + 1:
+            raise DataError(
+                f"the validation split has {len(tokens)} tokens, fewer than data.seq_len + 1 = {seq_len + 1}"
+            )
+        self.targets = len(tokens) - 1  # every token but the first is predicted once
+        self.count = math.ceil(self.targets / seq_len)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        start = min(index * self.seq_len, self.targets - self.seq_len)
+        return self.tokens.window(start, self.seq_len + 1), index * self.seq_len - start
+
+
+class DeviceWindows:
+    """TrainWindows or ValWindows with their split on the training device as one int32 tensor
+    (data.loader=device): batch(epoch, indices) gathers the same windows, as int64 token ids, there.
+    Training windows (an epoch given) start where TrainWindows' do; validation windows (epoch None)
+    come with their number of leading targets not counted, as ValWindows' do."""
+
+    CHUNK = 1 << 26  # tokens copied at a time: a file's tokens never all sit in RAM as int32 at once
+
+    def __init__(self, windows: TrainWindows | ValWindows, device: torch.device):
+        self.windows, self.device, self.seq_len = windows, device, windows.seq_len
+        data = windows.tokens.data
+        self.tokens = torch.empty(len(data), dtype=torch.int32, device=device)
+        for start in range(0, len(data), self.CHUNK):
+            chunk = torch.from_numpy(data[start : start + self.CHUNK].astype(np.int32))
+            self.tokens[start : start + len(chunk)].copy_(chunk)
+        self.span = torch.arange(self.seq_len + 1, device=device)
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def batch(self, epoch: int | None, indices: torch.Tensor):
+        starts = indices * self.seq_len
+        if epoch is not None:
+            return self.tokens[(starts + self.windows.offset(epoch))[:, None] + self.span].long()
+        clamped = starts.clamp(max=self.windows.targets - self.seq_len)
+        return self.tokens[clamped[:, None] + self.span].long(), starts - clamped
+
+
+@dataclass
+class TokenData:
+    """What the model and the metrics need to know about the data."""
+
+    vocab_size: int
+    bytes_per_token: float  # of the validation split's text: turns nats per token into bits per byte
+    loss_floor: float | None  # the synthetic source's entropy rate; None for real text
+    tokenizer: object
+
+
+def build_datasets(cfg: DataConfig, seed: int) -> tuple[TrainWindows, ValWindows, TokenData]:
+    """The training windows (by (epoch, index) keys), the validation windows, and what they hold."""
+    if cfg.name == "synthetic":
+        source = MarkovSource(cfg.vocab_size, cfg.order, cfg.concentration, cfg.context_concentration)
+        train = Tokens(source.sample(cfg.train_tokens, streams=64, seed=DATA_SEED + 1))
+        val = Tokens(source.sample(cfg.val_tokens, streams=16, seed=DATA_SEED + 2))
+        info = TokenData(cfg.vocab_size, 1.0, source.entropy_rate(), AlphabetTokenizer(cfg.vocab_size))
+    else:
+        meta = read_meta(Path(cfg.root))
+        root = Path(cfg.root)
+        train = Tokens(path=root / "train.bin", dtype=meta["dtype"])
+        val = Tokens(path=root / "val.bin", dtype=meta["dtype"])
+        for split, tokens in (("train", train), ("val", val)):
+            if len(tokens) != meta[split]["tokens"]:
+                raise DataError(
+                    f"data.root={cfg.root!r}: {split}.bin holds {len(tokens)} tokens, meta.json says "
+                    f"{meta[split]['tokens']}; run prepare again"
+                )
+        tokenizer = ByteTokenizer() if meta["tokenizer"] == "bytes" else HFTokenizer(root / meta["tokenizer"])
+        bytes_per_token = meta["val"]["bytes"] / max(meta["val"]["tokens"], 1)
+        info = TokenData(meta["vocab_size"], bytes_per_token, None, tokenizer)
+    return TrainWindows(train, cfg.seq_len, seed), ValWindows(val, cfg.seq_len), info
+
+
+META_KEYS = ("format", "tokenizer", "vocab_size", "dtype", "train", "val")
+
+
+def read_meta(root: Path) -> dict:
+    """meta.json of a prepared data directory, checked enough that training cannot misread it."""
+    path = root / "meta.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise DataError(f"data.root={str(root)!r}: cannot read meta.json ({err}); run prepare again") from None
+    missing = [key for key in META_KEYS if key not in meta] if isinstance(meta, dict) else list(META_KEYS)
+    if missing:
+        raise DataError(f"{path}: missing {', '.join(missing)}; it was not written by prepare, run prepare again")
+    if meta["dtype"] not in ("uint16", "uint32"):
+        raise DataError(f"{path}: dtype {meta['dtype']!r} is not uint16 or uint32")
+    return meta

@@ -1,0 +1,108 @@
+"""Sample text from a trained language model.
+
+    python -m PACKAGE.generate run.output_dir=runs/demo --prompt "def " --max-new-tokens 200
+    python -m PACKAGE.generate --checkpoint runs/demo/checkpoints/step_00000600.pt --temperature 0.8 --top-k 40
+
+The model is rebuilt from the checkpoint as for evaluate (restore.py): the checkpoint gives the
+model's and the data's shape only. For data.name=text the tokenizer is read from data.root (the
+directory prepare wrote; pass data.root=DIR when it is not ./data). Sampling: --temperature 0 is
+greedy; --top-k K keeps the K likeliest tokens (0: all); --seed makes a sample repeatable. Prints
+the prompt followed by the generated text. Errors are one `error: ...` line: exit 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..engine import PACKAGE
+from ..engine.ckpt.restore import load_model_weights, restore_trained
+from ..engine.errors import ConfigError, exit_status, report
+from .task import Task
+
+
+@torch.no_grad()
+def sample(
+    model: nn.Module,
+    prompt: list[int],
+    max_new_tokens: int,
+    seq_len: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    generator: torch.Generator | None = None,
+) -> list[int]:
+    """Extend prompt by max_new_tokens ids, one forward pass per token over the last seq_len ids."""
+    model.eval()
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt], dtype=torch.long, device=device)
+    for _ in range(max_new_tokens):
+        logits = model(ids[:, -seq_len:])[:, -1, :].float()
+        if temperature == 0:
+            next_id = logits.argmax(dim=-1, keepdim=True)
+        else:
+            logits = logits / temperature
+            if top_k:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            next_id = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+        ids = torch.cat([ids, next_id], dim=1)
+    return ids[0, len(prompt) :].tolist()
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.generate", add_help=False)
+    parser.add_argument("--prompt", default="")
+    parser.add_argument("--max-new-tokens", type=int, default=200)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    options, rest = parser.parse_known_args(argv)
+    if options.max_new_tokens < 1:
+        raise ConfigError(f"--max-new-tokens={options.max_new_tokens} must be at least 1")
+    if options.temperature < 0 or options.top_k < 0:
+        raise ConfigError("--temperature and --top-k must be 0 or more (0: greedy, 0: no top-k)")
+    return options, rest
+
+
+def generate(argv: list[str]) -> tuple[str, str]:
+    """The prompt and the generated text for the command line's checkpoint and options."""
+    options, rest = parse(argv)
+    cfg, path, state = restore_trained(rest, f"{PACKAGE}.generate")
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu")
+    task = Task(cfg, device)
+    task.datasets()  # the vocabulary and the tokenizer
+    tokenizer = task.data.tokenizer
+    model = task.build_model()
+    load_model_weights(model, state, path)
+    model.to(device)
+    generator = torch.Generator(device).manual_seed(options.seed)
+    prompt = tokenizer.encode(options.prompt)
+    if not prompt:  # start a new document, or from a token drawn with the seed
+        start = tokenizer.eot
+        if start is None:
+            start = int(
+                torch.randint(task.data.vocab_size, (1,), generator=torch.Generator().manual_seed(options.seed))
+            )
+        prompt = [start]
+    new = sample(model, prompt, options.max_new_tokens, cfg.data.seq_len, options.temperature, options.top_k, generator)
+    return options.prompt, tokenizer.decode(new)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        prompt, text = generate(argv)
+    except Exception as err:
+        if exit_status(err) is None:
+            raise  # a bug: its traceback is what helps
+        return report(err)
+    print(prompt + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The task: what this project trains, a decoder-only language model. The engine calls it through the
+interface engine/seam.py declares (seam.Task).
+
+The training set takes the (epoch, index) keys of loaders.ResumableSampler, so the windows it cuts
+are the same for any number of processes and after a resume. config.py (its SPEC), tokenizer.py,
+data.py, model.py and validation.py are this task's own building blocks; prepare.py and
+generate.py its own commands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from ..engine import seam
+from ..engine.config import Config
+from ..engine.parallel import meta_init
+from .data import DeviceWindows, TokenData, build_datasets
+from .model import GPT, INIT_TYPES, GPTShape, init_module, lm_loss
+from .validation import evaluate_model
+
+
+class Task(seam.Task):
+    """Next-token prediction: windows of token ids, cross-entropy per token, perplexity and bits per byte."""
+
+    def __init__(self, cfg: Config, device: torch.device):
+        super().__init__(cfg, device)
+        self.data: TokenData | None = None
+
+    def datasets(self) -> tuple[Dataset, Dataset]:
+        """The training windows (by (epoch, index) keys) and the validation windows."""
+        train_set, val_set, self.data = build_datasets(self.cfg.data, seed=self.cfg.run.seed)
+        return train_set, val_set
+
+    def device_bytes(self, train_set: Dataset, val_set: Dataset) -> tuple[int, str | None]:
+        """Bytes both splits take on the device (int32 tokens), and what speaks against data.loader=auto
+        choosing the device (None: nothing)."""
+        return 4 * (len(train_set.tokens) + len(val_set.tokens)), None
+
+    def device_sets(self, train_set: Dataset, val_set: Dataset) -> tuple:
+        """Both splits on the training device (data.loader=device): the same windows, gathered there."""
+        return DeviceWindows(train_set, self.device), DeviceWindows(val_set, self.device)
+
+    def build_model(self, device: torch.device | None = None, shard: Callable | None = None) -> nn.Module:
+        """The transformer for the data's vocabulary on `device` (default CPU), initialised from
+        run.seed; shard(model) (FSDP) is applied on the meta device, before any weight exists
+        (meta_init.py), so no process ever holds the whole model."""
+        shape = GPTShape.of(self.cfg.model, self.data.vocab_size, self.cfg.data.seq_len)
+        model, _ = meta_init.build(
+            lambda: GPT(shape),
+            partial(init_module, n_layer=shape.n_layer),
+            INIT_TYPES,
+            device or torch.device("cpu"),
+            self.cfg.run.seed,
+            shard,
+        )
+        return model
+
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Mean cross-entropy per token of one micro-batch of windows, and its number of sequences."""
+        windows = batch.to(self.device, non_blocking=True)
+        inputs, targets = windows[:, :-1], windows[:, 1:]
+        return lm_loss(model(inputs), targets), len(windows)
+
+    def validate(self, model: nn.Module, loader: DataLoader) -> dict:
+        """val/loss, val/ppl, val/bpb and val/tokens over the whole validation split (and, for the
+        synthetic source, val/loss_floor: its entropy rate, the lowest val/loss any model can reach)."""
+        metrics = evaluate_model(model, loader, self.device, self.cfg.trainer.precision, self.data.bytes_per_token)
+        if self.data.loss_floor is not None:
+            metrics["val/loss_floor"] = self.data.loss_floor
+        return metrics
+
+    def summary(self, metrics: dict) -> str:
+        floor = f" (floor {metrics['val/loss_floor']:.4f})" if "val/loss_floor" in metrics else ""
+        return (
+            f"val/loss {metrics['val/loss']:.4f}{floor} val/ppl {metrics['val/ppl']:.3f} "
+            f"val/bpb {metrics['val/bpb']:.4f} ({metrics['val/tokens']} tokens)"
+        )
+
+    def throughput(self, samples_per_s: float) -> dict:
+        """perf/tokens_per_s: every sequence trains data.seq_len tokens."""
+        return {"perf/tokens_per_s": samples_per_s * self.cfg.data.seq_len}
+
+    def export_example(self) -> tuple[tuple, tuple]:
+        """Token ids [2, seq_len] with dynamic batch (1 to 4096) and time (1 to data.seq_len).
+
+        torch.export specialises a dimension of size 0 or 1 to that constant, so the example has
+        two of each."""
+        seq_len = self.cfg.data.seq_len
+        tokens = torch.zeros(2, max(seq_len, 2), dtype=torch.long)
+        dims = {0: torch.export.Dim("batch", min=1, max=4096), 1: torch.export.Dim("time", min=1, max=seq_len)}
+        return (tokens,), (dims,)

@@ -1,0 +1,200 @@
+"""Training the language model end to end on CPU: the loss falls toward the source's floor, resume
+continues exactly, accumulation and 2 processes train like one large batch, every validation token
+is counted once, and evaluate, export and generate work from a checkpoint."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import latest_checkpoint, list_checkpoints
+from {{ cookiecutter.package_name }}.engine.config import load_config
+from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
+from {{ cookiecutter.package_name }}.export import main as export_main
+from {{ cookiecutter.package_name }}.generate import main as generate_main
+from {{ cookiecutter.package_name }}.train import main
+
+from conftest import read_metrics, torchrun
+
+
+def vals(run_dir: Path) -> list[dict]:
+    return [r for r in read_metrics(run_dir) if "val/loss" in r]
+
+
+def distance(a: dict, b: dict) -> float:
+    """Euclidean distance between two sets of weights."""
+    return sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a).sqrt().item()
+
+
+def test_smoke_run_learns_and_writes_its_outputs(tiny, run_dir, capsys):
+    """Two epochs: train/loss falls, validation counts all 999 targets, every metric of the contract
+    is logged, and the outputs are written."""
+    assert main([*tiny, "trainer.max_epochs=2"]) == 0
+    records = read_metrics(run_dir)
+    losses = [r["train/loss"] for r in records if "train/loss" in r]
+    assert len(losses) == 6 and sum(losses[-2:]) < sum(losses[:2])
+    assert [r["val/tokens"] for r in vals(run_dir)] == [999, 999]
+    last = vals(run_dir)[-1]
+    assert last["val/ppl"] == pytest.approx(torch.tensor(last["val/loss"]).exp().item(), rel=1e-6)
+    assert last["val/bpb"] == pytest.approx(last["val/loss"] / torch.tensor(2.0).log().item(), rel=1e-6)
+    assert last["val/loss_floor"] < last["val/loss"] and last["val/best_loss"] == last["val/loss"]
+    train_line = next(r for r in records if "train/loss" in r)
+    assert train_line["perf/tokens_per_s"] == pytest.approx(train_line["perf/samples_per_s"] * 16)
+    assert load_config([run_dir / "config.yaml"]).trainer.max_epochs == 2  # the resolved config
+    assert (run_dir / "best.safetensors").exists() and list_checkpoints(run_dir / "checkpoints")
+    assert "final val/loss=" in capsys.readouterr().out
+
+
+def test_the_synthetic_demo_approaches_its_entropy_floor(tmp_path):
+    """A micro model on an order-1 source: val/loss falls from about ln(V) to within 10% of the floor,
+    and never below it by more than the validation set's sampling noise."""
+    run = tmp_path / "run"
+    overrides = ["run.device=cpu", "tracker.name=none", f"run.output_dir={run}", "model.preset=micro",
+                 "data.order=1", "data.vocab_size=16", "data.seq_len=32", "data.val_tokens=8192",
+                 "trainer.max_steps=150", "trainer.val_every=50", "optim.lr=0.01", "optim.warmup_steps=10"]  # fmt: skip
+    assert main(overrides) == 0
+    records = vals(run)
+    floor = records[-1]["val/loss_floor"]
+    assert records[0]["val/loss"] > floor * 1.02
+    assert floor * 0.97 < records[-1]["val/loss"] < floor * 1.10, records[-1]
+
+
+def test_val_every_validates_between_epochs_and_at_the_end(tiny, run_dir):
+    """trainer.val_every=2 validates at steps 2 and 4, then at the end of the epoch (6) once."""
+    assert main([*tiny, "trainer.val_every=2"]) == 0
+    assert [r["step"] for r in vals(run_dir)] == [2, 4, 6]
+
+
+def test_gradient_accumulation_equals_the_large_batch(tiny, tmp_path, final_weights):
+    """2 micro-batches of 4 give the same weights as 1 batch of 8, up to float rounding: at least 20x
+    closer than a run on other batches (1 batch of 4)."""
+    exact = [*tiny, "trainer.max_steps=3"]
+    assert main([*exact, "data.batch_size=8", f"run.output_dir={tmp_path / 'big'}"]) == 0
+    assert main([*exact, "data.batch_size=4", "trainer.grad_accum_steps=2", f"run.output_dir={tmp_path / 'acc'}"]) == 0
+    assert main([*exact, "data.batch_size=4", f"run.output_dir={tmp_path / 'small'}"]) == 0
+    big, acc, small = (final_weights(tmp_path / name) for name in ("big", "acc", "small"))
+    assert distance(big, acc) < distance(big, small) / 20
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """Weights of 1 process x batch 8 after 6 steps (the reference), and the distance to 1 x batch 4."""
+    from conftest import TINY
+
+    runs = tmp_path_factory.mktemp("one_process")
+    for name, batch in (("one", 8), ("other", 4)):
+        settings = ["trainer.max_epochs=2", "trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.keep_last=10"]
+        assert main([*TINY, *settings, f"data.batch_size={batch}", f"run.output_dir={runs / name}"]) == 0
+    read = lambda run: latest_checkpoint(runs / run / "checkpoints")[1]["model"]  # noqa: E731
+    return read("one"), distance(read("one"), read("other"))
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_match_one_and_resume_on_one(tiny, run_dir, final_weights, one_process, strategy):
+    """2 processes x batch 4 read the same token stream as 1 x batch 8 and train like it (float rounding
+    only), count every validation target once, and a mid-run checkpoint resumes on 1 process."""
+    reference, other_batches = one_process
+    settings = ["trainer.max_epochs=2", "trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.keep_last=10"]
+    torchrun(2, [*tiny, *settings, "data.batch_size=4", f"distributed.strategy={strategy}"])
+    assert [r["val/tokens"] for r in vals(run_dir)] == [999]  # 48 windows / (2 x 4) = 6 steps: one epoch
+    assert distance(reference, final_weights(run_dir)) < other_batches / 20
+    if strategy == "fsdp":  # sharded checkpoints: each process wrote its own shards of the step-2 one
+        written = {p.name.split("_")[2] for p in list_checkpoints(run_dir / "checkpoints")[0].glob("__*.distcp")}
+        assert written == {"0", "1"}
+
+    for later in list_checkpoints(run_dir / "checkpoints")[1:]:
+        shutil.rmtree(later) if later.is_dir() else later.unlink()  # as if the job died after step 2, mid-epoch
+    assert main([*tiny, *settings, "data.batch_size=8"]) == 0
+    assert distance(reference, final_weights(run_dir)) < other_batches / 20
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A run directory after 6 steps of the tiny configuration."""
+    from conftest import TINY
+
+    run = tmp_path_factory.mktemp("trained") / "run"
+    assert main([*TINY, f"run.output_dir={run}"]) == 0
+    return run
+
+
+def test_evaluate_reports_the_last_validation_again(trained, capsys):
+    """evaluate on the run's newest checkpoint gives the validation line training logged at that step."""
+    assert evaluate_main([f"run.output_dir={trained}", "run.device=cpu"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    logged = vals(trained)[-1]
+    assert report["step"] == logged["step"] and report["val/tokens"] == 999
+    assert report["val/loss"] == pytest.approx(logged["val/loss"], rel=1e-6)
+    assert json.loads((trained / "eval.json").read_text())["val/loss"] == report["val/loss"]
+
+
+def test_export_runs_any_batch_and_length_without_the_project(trained):
+    """model.pt2 takes token ids [batch, time] for other batch sizes and lengths up to data.seq_len, and
+    returns the logits of the trained model; model.safetensors has plain keys."""
+    assert export_main([f"run.output_dir={trained}"]) == 0
+    from safetensors.torch import load_file
+
+    weights = load_file(trained / "export" / "model.safetensors")
+    assert "tok_emb.weight" in weights and not any(k.startswith(("module.", "_orig_mod.")) for k in weights)
+    code = f"""
+import torch
+program = torch.export.load({str(trained / "export" / "model.pt2")!r}).module()
+for batch, time in ((1, 16), (3, 5), (2, 1)):
+    logits = program(torch.randint(0, 32, (batch, time)))
+    assert logits.shape == (batch, time, 32), logits.shape
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=300,
+                            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})  # fmt: skip
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-2000:]
+
+    from {{ cookiecutter.package_name }}.task.config import ModelConfig
+    from {{ cookiecutter.package_name }}.task.model import build_model
+
+    model = build_model(ModelConfig(preset="nano"), vocab_size=32, seq_len=16).eval()
+    model.load_state_dict(weights)
+    tokens = torch.randint(0, 32, (3, 7))
+    program = torch.export.load(trained / "export" / "model.pt2").module()
+    torch.testing.assert_close(program(tokens), model(tokens))
+
+
+def test_generate_is_repeatable_and_refuses_what_it_cannot_encode(trained, capsys):
+    """The same seed gives the same text, another seed other text, greedy decoding is deterministic;
+    a prompt outside the synthetic alphabet is one error line with exit 2."""
+    base = [f"run.output_dir={trained}", "--prompt", "abc", "--max-new-tokens", "40"]
+    texts = []
+    for extra in (["--seed", "1"], ["--seed", "1"], ["--seed", "2"], ["--temperature", "0"], ["--top-k", "3"]):
+        assert generate_main([*base, *extra]) == 0
+        texts.append(capsys.readouterr().out.strip())
+    assert all(text.startswith("abc") and len(text) == 43 for text in texts), texts
+    assert texts[0] == texts[1] != texts[2]
+    assert generate_main([f"run.output_dir={trained}", "--prompt", "hello!"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'!'" in err[0], err
+
+
+def test_bf16_autocast_on_cpu_trains(tiny, run_dir):
+    """bf16 runs under autocast with the gradient scaler disabled (it is for fp16 only)."""
+    assert main([*tiny, "trainer.precision=bf16"]) == 0
+    _, state = latest_checkpoint(run_dir / "checkpoints")
+    assert not state["scaler"]
+    assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in read_metrics(run_dir) if "train/loss" in r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_single_gpu_smoke(tiny, run_dir, precision):
+    """On one GPU, bf16 and fp16 (with GradScaler) train, validate every token and log peak memory."""
+    overrides = [o for o in tiny if o != "run.device=cpu"] + ["run.device=cuda", f"trainer.precision={precision}"]
+    assert main([*overrides, "trainer.max_epochs=2"]) == 0
+    records = read_metrics(run_dir)
+    losses = [r["train/loss"] for r in records if "train/loss" in r]
+    assert losses[-1] < losses[0]
+    assert [r["val/tokens"] for r in vals(run_dir)] == [999, 999]
+    _, state = latest_checkpoint(run_dir / "checkpoints")
+    assert bool(state["scaler"]) == (precision == "fp16")

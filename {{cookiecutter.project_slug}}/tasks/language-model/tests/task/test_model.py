@@ -1,0 +1,58 @@
+"""The transformer: causal, tied, sized by presets, and its loss refuses shapes that would broadcast."""
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.engine.config import ConfigError
+from {{ cookiecutter.package_name }}.task.config import ModelConfig
+from {{ cookiecutter.package_name }}.task.model import GPT, PRESETS, GPTShape, build_model, lm_loss
+
+
+def test_a_token_never_sees_the_tokens_after_it():
+    """Changing the token at position 5 leaves the logits of positions 0..4 unchanged and changes 5.."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(preset="nano"), vocab_size=20, seq_len=12).eval()
+    tokens = torch.randint(0, 20, (2, 12))
+    changed = tokens.clone()
+    changed[:, 5] = (changed[:, 5] + 1) % 20
+    before, after = model(tokens), model(changed)
+    torch.testing.assert_close(before[:, :5], after[:, :5])
+    assert not torch.allclose(before[:, 5:], after[:, 5:])
+
+
+def test_the_output_layer_is_the_token_embedding():
+    """Tied weights: one matrix, in the state dict once, and a step on the output moves the embedding."""
+    model = build_model(ModelConfig(preset="nano"), vocab_size=20, seq_len=8)
+    assert [k for k in model.state_dict() if k.endswith("emb.weight")] == ["tok_emb.weight", "pos_emb.weight"]
+    tokens = torch.zeros(1, 1, dtype=torch.long)  # only token 0 is embedded
+    lm_loss(model(tokens), torch.full((1, 1), 7)).backward()
+    assert model.tok_emb.weight.grad[7].abs().sum() > 0  # row 7 gets a gradient from the output only
+
+
+def test_presets_span_a_cpu_model_to_gpt2_small():
+    """The gpt2 preset with GPT-2's vocabulary and context has GPT-2 small's 124M parameters; the
+    CPU presets are a few million or fewer. Built on the meta device: no memory is allocated."""
+    with torch.device("meta"):
+        gpt2 = GPT(GPTShape.of(ModelConfig(preset="gpt2"), vocab_size=50257, seq_len=1024))
+        mini = build_model(ModelConfig(preset="mini"), vocab_size=257, seq_len=256)
+    assert 124_000_000 < sum(p.numel() for p in gpt2.parameters()) < 124_700_000
+    assert 1_000_000 < sum(p.numel() for p in mini.parameters()) < 5_000_000
+    assert list(PRESETS) == ["nano", "micro", "mini", "small", "gpt2"]
+
+
+def test_explicit_sizes_override_the_preset_and_are_checked():
+    shape = GPTShape.of(ModelConfig(preset="micro", n_layer=3), vocab_size=10, seq_len=8)
+    assert (shape.n_layer, shape.n_head, shape.d_model) == (3, 4, 128)
+    with pytest.raises(ConfigError, match="model.d_model=100 is not divisible by model.n_head=3"):
+        GPTShape.of(ModelConfig(d_model=100, n_head=3), vocab_size=10, seq_len=8)
+
+
+def test_loss_refuses_targets_that_would_broadcast():
+    logits = torch.randn(2, 5, 10)
+    with pytest.raises(ValueError, match="shape"):
+        lm_loss(logits, torch.zeros(2, 5, 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="dtype"):
+        lm_loss(logits, torch.zeros(2, 5))
+    ignored = torch.full((2, 5), -100)
+    ignored[0, 0] = 3
+    assert lm_loss(logits, ignored) == pytest.approx(lm_loss(logits[:1, :1], torch.tensor([[3]])).item())

@@ -1,0 +1,125 @@
+"""Configuration: defaults, YAML, overrides, and one clear line for every mistake."""
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from {{ cookiecutter.package_name }}.engine.config import Config, ConfigError, all_keys, field_docs, load_config
+from {{ cookiecutter.package_name }}.train import main
+
+from tiny import BAD_CONFIGS
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def test_default_yaml_spells_out_the_defaults():
+    """configs/default.yaml and the defaults (the dataclasses', with the task's own) describe the same run,
+    and the file names every key."""
+    assert load_config([CONFIGS / "default.yaml"]) == load_config()
+    spelled = yaml.safe_load((CONFIGS / "default.yaml").read_text())
+    assert sorted(f"{section}.{key}" for section, keys in spelled.items() for key in keys) == sorted(all_keys())
+
+
+def test_every_key_is_documented():
+    """Each config field has a docstring, which --help prints."""
+    for section in dataclasses.fields(Config):
+        docs = field_docs(section.default_factory)
+        for leaf in dataclasses.fields(section.default_factory):
+            assert docs.get(leaf.name), f"{section.name}.{leaf.name} has no doc"
+
+
+def test_later_sources_win(tmp_path):
+    """Overrides beat YAML files, which beat the defaults, and values get their field's type."""
+    extra = tmp_path / "extra.yaml"
+    extra.write_text("data:\n  batch_size: 64\ntrainer:\n  max_epochs: 7\n")
+    cfg = load_config([extra], ["trainer.max_epochs=9", "optim.lr=1e-2", "trainer.max_steps=null"])
+    assert (cfg.data.batch_size, cfg.trainer.max_epochs, cfg.optim.lr) == (64, 9, 0.01)
+    assert cfg.trainer.max_steps is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["data.batch_sz=3"], "data.batch_sz: unknown key; did you mean data.batch_size?"),
+        (["lr=0.1"], "did you mean optim.lr?"),
+        (["data.batch_size=abc"], "data.batch_size: expected int"),
+        (["trainer.precision=fp8"], "trainer.precision='fp8' is not allowed; choose one of fp32, bf16, fp16"),
+        (["data.batch_size=0"], "data.batch_size=0 must be at least 1"),
+        (["trainer.precision=fp16", "run.device=cpu"], "trainer.precision=fp16 needs a CUDA device"),
+        (["distributed.sync_batchnorm=true", "run.device=cpu"], "distributed.sync_batchnorm=true needs CUDA"),
+        (["trainer.resume=/nonexistent.pt"], "trainer.resume='/nonexistent.pt': no such file"),
+        (["trainer.max_epochs"], "write it as key=value"),
+        (["run.seed=-5"], "run.seed=-5 must be between 0 and 2**31 - 1"),
+        (["optim.lr=nan"], "optim.lr=nan must be a finite number"),
+        *BAD_CONFIGS,  # the task's own keys
+    ],
+)
+def test_bad_configuration_is_refused_with_the_key_named(overrides, expected):
+    """Each mistake raises ConfigError whose message names the key and what is allowed."""
+    with pytest.raises(ConfigError) as err:
+        load_config([], overrides)
+    assert expected in str(err.value)
+
+
+def test_bad_yaml_files_are_refused(tmp_path):
+    """A missing file, broken YAML or an unknown key in a file is a ConfigError."""
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("data: [unclosed\n")
+    unknown = tmp_path / "unknown.yaml"
+    unknown.write_text("data:\n  batchsize: 3\n")
+    for path, expected in [
+        (tmp_path / "missing.yaml", "no such file"),
+        (broken, "not valid YAML"),
+        (unknown, "did you mean data.batch_size?"),
+    ]:
+        with pytest.raises(ConfigError, match=expected):
+            load_config([path])
+
+
+def test_all_keys_are_dotted_section_fields():
+    """all_keys() (used for did-you-mean) lists every section.field."""
+    assert "data.batch_size" in all_keys() and "distributed.timeout_s" in all_keys()
+
+
+def test_cli_exits_2_with_one_line_and_no_traceback():
+    """The train command refuses a bad key with exit status 2 and a single stderr line."""
+    result = subprocess.run(
+        [sys.executable, "-m", "{{ cookiecutter.package_name }}.train", "data.batch_sz=3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["error: data.batch_sz: unknown key; did you mean data.batch_size?"]
+
+
+def test_main_returns_2_on_bad_option(capsys):
+    """Unknown command-line options are refused, not ignored."""
+    assert main(["--epochs", "3"]) == 2
+    assert "unknown option --epochs" in capsys.readouterr().err
+
+
+def test_help_lists_every_key(capsys):
+    """--help prints every key with its default and documentation."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert all(key in out for key in all_keys())
+
+
+def test_help_into_a_closed_pipe_ends_quietly():
+    """`train --help | head` ends with status 0 and no BrokenPipeError traceback when the reader has gone."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.train", "--help"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # the reader leaves before the help is written (the child is still importing)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=120) == 0, err
+    assert "Traceback" not in err
