@@ -19,15 +19,20 @@ except ModuleNotFoundError:  # Python 3.10
 # TASK_FILES: the engine, the shared commands and the engine's tests. PKG stands for the package
 # name. include_ci=no drops .github/workflows/ci.yml; include_docker=yes adds the Dockerfile and
 # .dockerignore; no bake keeps a licenses/ or tasks/ directory.
-ENGINE = (
-    "__init__ seam config errors loop cli rundir metrics trackers optim state step loaders ema preemption "
-    "profiler provenance launcher ckpt/__init__ ckpt/files ckpt/checkpoint ckpt/sharded ckpt/restore "
-    "parallel/__init__ parallel/distributed parallel/meta_init parallel/recompute torch_private"
-).split()
-ENGINE_TESTS = (
-    "checkpoint config device_loader distributed ema errors faults launcher monitor plot profiler provenance "
-    "recompute resume scale sharded state sweep torch_private trackers train"
-).split()
+ENGINE = [
+    *("__init__", "seam", "config", "errors", "loop", "cli", "rundir", "metrics", "trackers"),
+    *("optim", "state", "step", "loaders", "ema", "preemption", "profiler", "provenance"),
+    "launcher",
+    *("torch_private", "ckpt/__init__", "ckpt/files", "ckpt/checkpoint", "ckpt/sharded"),
+    *("ckpt/restore", "parallel/__init__", "parallel/distributed", "parallel/meta_init"),
+    "parallel/recompute",
+]
+ENGINE_TESTS = [
+    *("checkpoint", "config", "device_loader", "distributed", "ema", "errors", "faults"),
+    *("launcher", "monitor", "plot", "profiler", "provenance", "recompute", "resume", "scale"),
+    "sharded",
+    *("state", "sweep", "torch_private", "trackers", "train"),
+]
 EXPECTED_FILES = frozenset(
     {
         ".cookiecutter.yaml",
@@ -48,25 +53,25 @@ EXPECTED_FILES = frozenset(
         *(f"tests/engine/test_{name}.py" for name in ENGINE_TESTS),
     }
 )
-# Each task's own folder, tasks/<task>/ in the template: its task/ package, configs, tests and commands.
+# Each task's own folder, tasks/<task>/ in the template: its task/ package, configs, tests and
+# commands.
 TASK_CONFIGS = {"configs/default.yaml", "configs/smoke.yaml", "configs/sweep.yaml"}
+TASK_MODULES = ("__init__", "task", "config", "data", "model", "validation")
 TASK_FILES = {
     "image-classification": {
         *TASK_CONFIGS,
-        *(f"src/PKG/task/{module}.py" for module in ("__init__", "task", "config", "data", "model", "validation")),
-        *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_model", "test_metrics", "test_export")),
-        "tests/task/test_evaluate.py",
+        *(f"src/PKG/task/{module}.py" for module in TASK_MODULES),
+        *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_model", "test_metrics")),
+        *(f"tests/task/{name}.py" for name in ("test_export", "test_evaluate")),
     },
     "language-model": {
         *TASK_CONFIGS,
-        *(
-            f"src/PKG/task/{module}.py"
-            for module in ("__init__", "task", "config", "data", "model", "validation", "tokenizer", "prepare")
-        ),
-        "src/PKG/task/generate.py",
+        *(f"src/PKG/task/{module}.py" for module in TASK_MODULES),
+        *(f"src/PKG/task/{module}.py" for module in ("tokenizer", "prepare", "generate")),
         "src/PKG/prepare.py",
         "src/PKG/generate.py",
         *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_model", "test_commands")),
+        "tests/task/data/flat_layout_step_3.pt",  # a checkpoint of the layout before task/ and engine/
     },
 }
 CI_FILES = frozenset({".github/workflows/ci.yml"})
@@ -230,6 +235,33 @@ def test_ruff_format_is_clean(baked):
     """The baked project is already formatted as `ruff format` would write it."""
     completed = _ruff(baked, "format", "--check")
     assert completed.returncode == 0, completed.stdout + completed.stderr
+
+
+# Words of one task that a bake of the other must not contain, in any module, message or docstring:
+# the engine and the commands speak of "the task", and each task folder only of itself.
+FOREIGN_WORDS = {
+    "language-model": re.compile(
+        r"image|pixel|classif|torchvision|cifar|resnet|convnext|imagefolder|val/acc|accuracy",
+        re.IGNORECASE,
+    ),
+    "image-classification": re.compile(
+        r"\btokens?\b|tokeniz|vocab|language|\bgpt|perplex|bits per byte|val/bpb|val/ppl|seq_len",
+        re.IGNORECASE,
+    ),
+}
+
+
+def test_a_bake_speaks_only_of_its_own_task(baked):
+    """No module, message or docstring of a bake names the other task's things (a language-model
+    project says nothing of images, an image project nothing of tokens)."""
+    foreign = FOREIGN_WORDS[baked.context["task"]]
+    hits = [
+        f"{path.relative_to(baked.path)}:{number}: {line.strip()}"
+        for path in sorted((baked.path / "src").rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if foreign.search(line)
+    ]
+    assert not hits, "\n".join(hits)
 
 
 def test_pyproject_declares_name_license_and_python(baked):

@@ -1,6 +1,5 @@
 """Baked projects pass their own test suites, run the way a user would run them."""
 
-import json
 import os
 import re
 import shutil
@@ -14,19 +13,22 @@ from conftest import bake, files_left, run, run_baked_tests, temproot_for
 
 pytestmark = pytest.mark.baked
 
-# The default bake's suite runs whole once, in the README-install venv
-# (test_readme_install_then_tests_pass), and its slow tests in test_baked_slow_tests_pass; the
-# language-model bake's suite runs whole once, slow tests included. Each other bake runs only the
-# tests that its answer changes the outcome of. The tracker answer changes the configured default
-# tracker (the defaults test checks default.yaml against the config's defaults); every tracker test
-# names its tracker itself, so it runs the same in any bake and runs once, in the default bake. The
-# launcher answer changes the README and runs the launch tests (core: no other bake runs them).
+# Each baked test runs once in the whole template run. The default (image) bake's fast tier runs in
+# the README-install venv (test_readme_install_then_tests_pass, what `make test` runs), its slow
+# tier in test_baked_slow_tests_pass, except the tests marked `core`: engine behaviour no task
+# changes (signals, restarts, checkpoint formats, trackers, sweeps), which run with the cheaper
+# task, in the language-model bake's whole suite. Each other bake runs only the tests that its
+# answer changes the outcome of. The tracker answer changes the configured default tracker (the
+# defaults test checks default.yaml against the config's defaults); every tracker test names its
+# tracker itself, so it runs the same in any bake. The launcher answer changes the README and runs
+# the launch tests.
 VARIANT_TESTS = {
-    "tracker=wandb": ["tests/test_config.py", "-k", "defaults"],
-    "tracker=tensorboard": ["tests/test_config.py", "-k", "defaults"],
-    "tracker=mlflow": ["tests/test_config.py", "-k", "defaults"],
+    "tracker=wandb": ["tests/engine/test_config.py", "-k", "defaults"],
+    "tracker=tensorboard": ["tests/engine/test_config.py", "-k", "defaults"],
+    "tracker=mlflow": ["tests/engine/test_config.py", "-k", "defaults"],
     "launcher=accelerate": ["-m", "not gpu", "-k", "accelerate_launch or two_nodes"],
 }
+LAUNCH_TESTS = "accelerate_launch or two_nodes"  # the accelerate bake runs them
 
 # The install line the README must show, e.g. pip install -e '.[dev]' (any quoting).
 README_INSTALL = re.compile(r"""pip install -e ['"]?\.\[dev\]['"]?""")
@@ -82,8 +84,8 @@ def _make_venv_on_top_of_this_one(venv: Path) -> Path:
 
 
 def test_readme_install_then_tests_pass(cookies, tmp_path):
-    """The README's `pip install -e '.[dev]'` works in a fresh venv and the default bake's whole
-    suite (all but the slow tests, which test_baked_slow_tests_pass runs) then passes."""
+    """The README's `pip install -e '.[dev]'` works in a fresh venv and the default bake's fast tier
+    (`make test`: all but the slow tests, which test_baked_slow_tests_pass runs) then passes."""
     baked = bake(cookies)
     readme = (baked.path / "README.md").read_text(encoding="utf-8")
     assert README_INSTALL.search(readme), "README.md does not show pip install -e '.[dev]'"
@@ -98,39 +100,38 @@ def test_readme_install_then_tests_pass(cookies, tmp_path):
     assert "Requirement already satisfied: torch" in install.stdout, _tail(install.stdout)
     assert not HEAVY_PACKAGE.search(install.stdout), HEAVY_PACKAGE.search(install.stdout)
 
-    pytest_command = [bin_dir / "python", "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    pytest_command = [
+        bin_dir / "python",
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-k",
+        f"not ({LAUNCH_TESTS})",
+    ]
     tests = run(pytest_command, baked.path, env, timeout=600)
     _assert_passed_and_cleaned_up(tests, baked.path)
 
 
 def test_baked_slow_tests_pass(cookies):
-    """The baked project's slow tests pass: the fault matrix (runs killed, signalled, restarted,
-    peers hung) and an imagefolder of PNG files that trains well."""
+    """The default bake's slow tier passes, but for the `core` tests the language-model bake runs:
+    resume, world-size invariance and the data pipeline with images, and an imagefolder of PNG
+    files that trains well."""
     baked = bake(cookies)
-    not_launch_tests = "not (accelerate_launch or two_nodes)"  # the accelerate bake runs them
-    completed = run_baked_tests(baked.path, "-m", "slow", "-k", not_launch_tests, timeout=1500)
+    completed = run_baked_tests(
+        baked.path, "-m", "slow and not core", "-k", f"not ({LAUNCH_TESTS})", timeout=1500
+    )
     _assert_passed_and_cleaned_up(completed, baked.path)
 
 
-def test_default_run_without_arguments_learns(cookies):
-    """`python -m PACKAGE.train` with no arguments reaches val/acc >= 0.9 on the synthetic data."""
-    baked = bake(cookies)
-    env = {**os.environ, "PYTHONPATH": str(baked.path / "src")}
-    training = run([sys.executable, "-m", f"{baked.package}.train"], baked.path, env, timeout=900)
-    assert training.returncode == 0, _tail(training.stdout + training.stderr)
-    final = re.search(r"final val/acc=([0-9.]+)", training.stdout)
-    assert final and float(final[1]) >= 0.9, _tail(training.stdout)
-    lines = (baked.path / "runs" / "default" / "metrics.jsonl").read_text().splitlines()
-    val_samples = [json.loads(line)["val/samples"] for line in lines if "val/samples" in line]
-    assert val_samples == [1000, 1000, 1000]
-
-
 def test_language_model_bake_passes_its_whole_suite(cookies):
-    """The task=language-model bake's own suite passes, slow tests included: its fault matrix (runs
-    killed on 1 process, under DDP and FSDP), prepare, generate, export, and 2 gloo processes
-    against one. Tests marked `core` (signals, restarts, checkpoint formats, launchers: code no task
-    changes) run in the image bake's suites only, so the template runs each of them once."""
+    """The task=language-model bake's whole suite passes, both tiers and the `core` tests: the fault
+    matrix (runs killed on 1 process, under DDP and FSDP, signalled, restarted, peers hung), sweeps,
+    trackers, checkpoint formats, prepare, generate, export, and 2 gloo processes against one."""
     baked = bake(cookies, task="language-model")
-    completed = run_baked_tests(baked.path, "-m", "not gpu and not core", timeout=1500)
+    completed = run_baked_tests(
+        baked.path, "-m", "not gpu", "-k", f"not ({LAUNCH_TESTS})", timeout=1500
+    )
     _assert_passed_and_cleaned_up(completed, baked.path)
     assert int(re.search(r"(\d+) passed", completed.stdout)[1]) >= 100, completed.stdout[-2000:]

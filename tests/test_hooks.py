@@ -87,7 +87,7 @@ def test_package_name_cannot_shadow_anything_the_project_imports(pre_gen):
     project = ROOT / "{{cookiecutter.project_slug}}"
     imported = {
         name
-        for pattern in ("src/*/**/*.py", "tests/**/*.py", "tasks/*/src/*/**/*.py", "tasks/*/tests/**/*.py")
+        for pattern in ("src/**/*.py", "tests/**/*.py", "tasks/*/**/*.py")
         for path in project.glob(pattern)
         for match in IMPORTED.findall(path.read_text(encoding="utf-8"))
         for name in match
@@ -214,8 +214,8 @@ def _task_tree(root: Path) -> Path:
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(f"engine {name}\n")
     owned = {
-        "image-classification": ("src/pkg/task/task.py", "configs/default.yaml", "tests/task/test_data.py"),
-        "language-model": ("src/pkg/task/task.py", "src/pkg/prepare.py", "tests/task/test_commands.py"),
+        "image-classification": ("src/pkg/task/task.py", "configs/default.yaml", "tests/task/a.py"),
+        "language-model": ("src/pkg/task/task.py", "src/pkg/prepare.py", "tests/task/b.py"),
     }
     for task, names in owned.items():
         for name in names:
@@ -233,10 +233,10 @@ def test_use_task_moves_the_chosen_task_folder_in_whole(post_gen, tmp_path, task
     files = {name: (root / name).read_text() for name in project_files(root)}
     assert files["src/pkg/task/task.py"] == f"{task} src/pkg/task/task.py\n"
     if task == "image-classification":
-        assert "src/pkg/prepare.py" not in files and "tests/task/test_data.py" in files
+        assert "src/pkg/prepare.py" not in files and "tests/task/a.py" in files
     else:
         assert files["src/pkg/prepare.py"] == "language-model src/pkg/prepare.py\n"
-        assert "configs/default.yaml" not in files and "tests/task/test_data.py" not in files
+        assert "configs/default.yaml" not in files and "tests/task/a.py" not in files
     assert files["src/pkg/engine/loop.py"] == "engine src/pkg/engine/loop.py\n"
     assert not (root / "tasks").exists()
 

@@ -70,9 +70,10 @@ def killed_when(when, args: list[str]) -> None:
     """Train with args until the run is about to log a record for which when(metrics, step) holds, and
     stop it there with a simulated kill (KeyboardInterrupt, as Ctrl-C raises): what it checkpointed
     before stays, nothing after. The metrics logger is itself again afterwards."""
-    from {{ cookiecutter.package_name }} import train as train_module
+    from {{ cookiecutter.package_name }}.engine.metrics import MetricsLogger
+    from {{ cookiecutter.package_name }}.train import main
 
-    real_log = train_module.MetricsLogger.log
+    real_log = MetricsLogger.log
 
     def log(self, metrics, step, epoch):
         if when(metrics, step):
@@ -80,9 +81,9 @@ def killed_when(when, args: list[str]) -> None:
         real_log(self, metrics, step, epoch)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(train_module.MetricsLogger, "log", log)
+        patch.setattr(MetricsLogger, "log", log)
         with pytest.raises(KeyboardInterrupt):
-            train_module.main(args)
+            main(args)
 
 
 def torchrun(nproc: int, args: list[str], script: list[str] | None = None, **env) -> None:

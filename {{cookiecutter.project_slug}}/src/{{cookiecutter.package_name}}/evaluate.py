@@ -4,9 +4,9 @@
     python -m PACKAGE.evaluate --checkpoint runs/demo/checkpoints/step_00000120.pt
     torchrun --nproc_per_node=4 -m PACKAGE.evaluate run.output_dir=runs/demo
 
-The model is rebuilt from the checkpoint (restore.py): its stored config gives only the model's and
-the task's shape (FROM_CHECKPOINT: model name, norm, stem and memory format; data set name, image
-size, classes, synthetic set sizes; precision). --config files and key=value overrides win.
+The model is rebuilt from the checkpoint (engine/ckpt/restore.py): its stored config gives only the
+model's and the task's shape (the keys the task's TaskSpec.from_checkpoint names, and the precision).
+--config files and key=value overrides win.
 Everything else, places above all, comes from the command line or the defaults: a checkpoint
 copied from elsewhere never decides where data is read from or anything is written.
 
@@ -17,7 +17,7 @@ run directory for a run's checkpoints/step_N.pt (so a run's eval.json sits next 
 metrics.jsonl, as with run.output_dir), else the checkpoint's own folder.
 
 Errors are one `error: ...` line on stderr: exit 2 for bad input (configuration, data,
-checkpoint), 1 when an output cannot be written or CUDA runs out of memory.
+checkpoint), 1 when an output cannot be written or CUDA runs out of memory (engine/cli.py).
 """
 
 from __future__ import annotations
@@ -28,20 +28,21 @@ from pathlib import Path
 
 import torch
 
+from .engine import PACKAGE, cli
 from .engine.ckpt.files import atomic_write, writing
 from .engine.ckpt.restore import load_model_weights, restore_trained, trained_step
 from .engine.config import Config
-from .engine.errors import exit_status, report
+from .engine.errors import OutOfMemory
 from .engine.loaders import build_val_loader, shut_down_workers
 from .engine.parallel import distributed
-from .task.task import Task
+from .engine.seam import task_class
 
 
 def evaluate_checkpoint(cfg: Config, path: Path, state: dict) -> tuple[dict, bool]:
     """The validation metrics of a checkpoint (on every process), and whether this is the main process."""
     env = distributed.setup(cfg)
     try:
-        task = Task(cfg, env.device)
+        task = task_class()(cfg, env.device)
         _, val_set = task.datasets()
         val_loader = build_val_loader(cfg.data, val_set, rank=env.rank, world_size=env.world_size)
         try:
@@ -56,22 +57,21 @@ def evaluate_checkpoint(cfg: Config, path: Path, state: dict) -> tuple[dict, boo
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    return cli.run(lambda: _evaluate(argv))
+
+
+def _evaluate(argv: list[str]) -> int:
+    cfg, path, state = restore_trained(argv, f"{PACKAGE}.evaluate")
     try:
-        cfg, path, state = restore_trained(argv, f"{__package__}.evaluate")
         metrics, is_main = evaluate_checkpoint(cfg, path, state)
-        if is_main:
-            text = json.dumps({"checkpoint": str(path), "step": trained_step(state), **metrics}, indent=2)
-            print(text)
-            eval_json = Path(cfg.run.output_dir) / "eval.json"
-            with writing(eval_json):
-                atomic_write(eval_json, lambda tmp: tmp.write_text(text + "\n"))
     except torch.OutOfMemoryError:
-        print(f"error: CUDA out of memory; lower data.batch_size (now {cfg.data.batch_size})", file=sys.stderr)
-        return 1
-    except Exception as err:
-        if exit_status(err) is None:
-            raise  # a bug: its traceback is what helps
-        return report(err)
+        raise OutOfMemory(f"CUDA out of memory; lower data.batch_size (now {cfg.data.batch_size})") from None
+    if is_main:
+        text = json.dumps({"checkpoint": str(path), "step": trained_step(state), **metrics}, indent=2)
+        print(text)
+        eval_json = Path(cfg.run.output_dir) / "eval.json"
+        with writing(eval_json):
+            atomic_write(eval_json, lambda tmp: tmp.write_text(text + "\n"))
     return 0
 
 

@@ -6,12 +6,11 @@
 Writes <output_dir>/export/model.safetensors (plain weights, keys without module. / _orig_mod.
 prefixes, the same for a DDP, FSDP or compiled run; for a run with optim.ema_decay > 0 the weights'
 moving average, unless --weights raw: its header's "weights" says which) and <output_dir>/export/model.pt2, a
-torch.export program that classifies a batch of normalised images without this project's code:
+torch.export program that runs the model without this project's code, on inputs like the task's
+Task.export_example (task/task.py says what they are):
 
     program = torch.export.load("model.pt2").module()
-    logits = program(images)   # images: float32 (N, 3, H, W), (pixels / 255 - mean) / std
-
-with data.name's mean and std from data.MEAN_STD, as training normalises them (data.DeviceImages).
+    outputs = program(*inputs)
 
 The model is rebuilt and output_dir chosen as for evaluate (see evaluate.py): the checkpoint gives
 the model's and the task's shape only; output_dir is run.output_dir from the command line or,
@@ -28,12 +27,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .engine import PACKAGE, cli
 from .engine.ckpt.checkpoint import save_weights
 from .engine.ckpt.files import atomic_write, writing
 from .engine.ckpt.restore import load_model_weights, restore_trained
 from .engine.config import Config
-from .engine.errors import exit_status, report
-from .task.task import Task
+from .engine.seam import task_class
 
 
 def export_program(model: nn.Module, args: tuple, dynamic_shapes: tuple) -> torch.export.ExportedProgram:
@@ -43,7 +42,7 @@ def export_program(model: nn.Module, args: tuple, dynamic_shapes: tuple) -> torc
 
 def export_checkpoint(cfg: Config, path: Path, state: dict) -> Path:
     """Write model.safetensors and model.pt2 of a checkpoint under output_dir/export; return that folder."""
-    task = Task(cfg, torch.device("cpu"))
+    task = task_class()(cfg, torch.device("cpu"))
     task.datasets()  # the model's shape follows the data (its number of classes)
     model = task.build_model()
     load_model_weights(model, state, path)
@@ -59,13 +58,12 @@ def export_checkpoint(cfg: Config, path: Path, state: dict) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        cfg, path, state = restore_trained(argv, f"{__package__}.export")
-        out = export_checkpoint(cfg, path, state)
-    except Exception as err:
-        if exit_status(err) is None:
-            raise  # a bug: its traceback is what helps
-        return report(err)
+    return cli.run(lambda: _export(argv))
+
+
+def _export(argv: list[str]) -> int:
+    cfg, path, state = restore_trained(argv, f"{PACKAGE}.export")
+    out = export_checkpoint(cfg, path, state)
     which = "weight average (optim.ema_decay)" if "ema" in state else "weights"
     print(f"exported {path}'s {which} to {out}/model.safetensors and {out}/model.pt2")
     return 0

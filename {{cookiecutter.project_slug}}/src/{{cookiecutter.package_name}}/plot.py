@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from .engine import cli
+from .engine.errors import ConfigError
 from .engine.seam import task_spec
 
 # (title, y label, [(metrics.jsonl key, line label)]); the validation panel is the task's (TaskSpec.plot_panel).
@@ -21,16 +23,12 @@ PANELS = (
     ("Loss", "loss", [("train/loss", "train"), ("val/loss", "val")]),
     ("Validation", task_spec().plot_panel[0], list(task_spec().plot_panel[1])),
     ("Learning rate", "lr", [("train/lr", "lr")]),
-    (
-        "Throughput",
-        "per second (all processes)",
-        [("perf/samples_per_s", "samples/s"), ("perf/tokens_per_s", "tokens/s")],
-    ),
+    ("Throughput", "per second (all processes)", []),  # every perf/<unit>_per_s the runs logged
 )
 
 
-class PlotError(Exception):
-    """A run that cannot be drawn (no metrics.jsonl, nothing in it) or matplotlib missing."""
+class PlotError(ConfigError):
+    """A run that cannot be drawn (no metrics.jsonl, nothing in it) or matplotlib missing (exit 2)."""
 
 
 def read_run(run_dir: Path) -> list[dict]:
@@ -55,6 +53,12 @@ def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [s for s, _ in points], [v for _, v in points]
 
 
+def rates(records: list[dict]) -> list[tuple[str, str]]:
+    """Every perf/<unit>_per_s key the records hold, as (key, "<unit>/s") in first-logged order."""
+    keys = dict.fromkeys(k for r in records for k in r if k.startswith("perf/") and k.endswith("_per_s"))
+    return [(key, key.removeprefix("perf/").removesuffix("_per_s") + "/s") for key in keys]
+
+
 def draw(runs: dict[str, list[dict]]):
     """A 2x2 matplotlib Figure of the PANELS for every run (label -> records)."""
     try:
@@ -67,7 +71,7 @@ def draw(runs: dict[str, list[dict]]):
     figure, axes = plt.subplots(2, 2, figsize=(11, 7), layout="constrained")
     for ax, (title, ylabel, keys) in zip(axes.flat, PANELS, strict=True):
         for run, records in runs.items():
-            for key, label in keys:
+            for key, label in keys or rates(records):
                 steps, values = series(records, key)
                 if steps:
                     name = label if len(runs) == 1 else f"{run} {label}"
@@ -88,14 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (each holds metrics.jsonl)")
     parser.add_argument("--out", type=Path, help="PNG to write (default: RUN/metrics.png of the first run)")
     args = parser.parse_args(argv)
-    out = args.out or args.runs[0] / "metrics.png"
+    return cli.run(lambda: _plot(args.runs, args.out or args.runs[0] / "metrics.png"))
+
+
+def _plot(runs: list[Path], out: Path) -> int:
+    figure = draw({str(run): read_run(run) for run in runs})
     try:
-        figure = draw({str(run): read_run(run) for run in args.runs})
         out.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(out, dpi=100)
-    except (PlotError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except OSError as err:
+        raise PlotError(f"could not write {out} ({err.strerror or err})") from None
     print(f"wrote {out}")
     return 0
 

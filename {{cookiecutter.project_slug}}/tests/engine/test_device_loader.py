@@ -90,6 +90,7 @@ def test_a_device_batch_larger_than_each_process_share_is_refused():
         built("device", extra=("data.batch_size=100000",))
 
 
+@pytest.mark.slow
 def test_compiled_training_compiles_at_its_first_step_and_never_again(tiny, run_dir, monkeypatch):
     """model.compile=true with the device loader reaches its steady state at once: every training
     batch has one shape, so the graphs compiled for the first step serve all 18 steps of 3 epochs

@@ -52,6 +52,7 @@ def test_the_average_follows_the_ramped_decay_and_swaps_back_exactly():
     assert ema.decay_at(1) == pytest.approx(2 / 11) and ema.decay_at(10**6) == 0.5
 
 
+@pytest.mark.slow
 def test_validation_uses_the_average_and_logs_the_trained_weights_beside(tiny, run_dir):
     """With optim.ema_decay, val/* measure the average and val_raw/* the trained weights (they differ);
     best.safetensors holds the average (best.json says so); the checkpoint keeps both."""
@@ -67,6 +68,7 @@ def test_validation_uses_the_average_and_logs_the_trained_weights_beside(tiny, r
     assert any(not torch.equal(state["ema"][name], state["model"][name]) for name in state["ema"])
 
 
+@pytest.mark.slow
 def test_evaluate_and_export_use_the_average_unless_asked_for_the_trained_weights(tiny, run_dir, capsys):
     """evaluate measures the average (the val/* training logged, same batches) and export writes it;
     --weights raw gives the trained weights' metrics and tensors; --weights ema on a checkpoint
@@ -98,6 +100,7 @@ def test_evaluate_and_export_use_the_average_unless_asked_for_the_trained_weight
     assert err.startswith("error: --weights ema:") and "optim.ema_decay=0" in err and "\n" not in err
 
 
+@pytest.mark.slow
 def test_turning_the_average_on_at_resume_starts_it_at_the_restored_weights(tiny, run_dir, caplog):
     """optim.ema_decay may change on resume: turned on, the average starts at the checkpoint's weights
     (not at the initial ones), so the first validation after it measures something trained."""

@@ -3,6 +3,7 @@ it, and trainer.early_stop_patience stops the run at the right validation, acros
 
 import json
 
+import pytest
 from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import weights_metadata
@@ -34,6 +35,7 @@ def validations(run_dir) -> list[tuple]:
     return [(r["step"], r["val/loss"], r["val/best_loss"]) for r in read_metrics(run_dir) if "val/loss" in r]
 
 
+@pytest.mark.slow
 def test_early_stopping_stops_at_the_right_validation_and_says_so(tiny, run_dir, capsys, caplog):
     """The run ends at the validation where val/loss has not risen for 2 validations in a row, as
     its own log shows; best.json and best.safetensors hold the best step, by the metric and mode
@@ -58,6 +60,7 @@ def test_early_stopping_stops_at_the_right_validation_and_says_so(tiny, run_dir,
     assert max(r["step"] for r in read_metrics(run_dir)) > stop
 
 
+@pytest.mark.slow
 def test_early_stopping_survives_a_resume(tiny, tmp_path):
     """Killed at the second validation and resumed, the run stops at the same validation as an
     uninterrupted one: the count of validations without improvement is in the checkpoint."""

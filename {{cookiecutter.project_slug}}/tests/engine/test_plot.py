@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from {{ cookiecutter.package_name }}.plot import PANELS, draw, main, read_run
+from {{ cookiecutter.package_name }}.plot import PANELS, draw, main, rates, read_run
 from {{ cookiecutter.package_name }}.train import main as train_main
 
 pytest.importorskip("matplotlib")
@@ -16,19 +16,22 @@ def write_metrics(run_dir, records, tail=""):
     (run_dir / "metrics.jsonl").write_text(text, encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_plot_of_a_trained_run_draws_every_logged_value(tiny, run_dir):
-    """After a real run each panel's lines hold exactly the values metrics.jsonl logged, at their steps."""
+    """After a real run each panel's lines hold exactly the values metrics.jsonl logged, at their steps
+    (the throughput panel every perf/<unit>_per_s rate, the validation panel the task's metric)."""
     assert train_main([*tiny, "trainer.max_epochs=2"]) == 0
     records = read_run(run_dir)
     figure = draw({"run": records})
     for ax, (title, _, keys) in zip(figure.axes, PANELS, strict=True):
         drawn = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines}
-        logged = [(key, label) for key, label in keys if any(key in r for r in records)]
+        logged = [(key, label) for key, label in keys or rates(records) if any(key in r for r in records)]
         assert logged, f"none of {title}'s keys was logged"
         for key, label in logged:
             expected = [(r["step"], r[key]) for r in records if key in r]
             assert drawn[label] == ([s for s, _ in expected], [v for _, v in expected]), title
         assert len(drawn) == len(logged)
+    assert "perf/samples_per_s" in dict(rates(records))
 
 
 def test_plot_command_writes_a_png(tiny, run_dir, capsys):

@@ -32,6 +32,7 @@ def assert_trace_event_format(trace: dict) -> None:
         assert isinstance(e["ts"], int | float) and isinstance(e["dur"], int | float) and e["dur"] >= 0
 
 
+@pytest.mark.slow
 def test_profile_steps_writes_a_perfetto_trace_of_exactly_those_steps(tiny, run_dir):
     """trainer.profile_steps=[2,3] records optimizer steps 2 and 3 only: operators with their input
     shapes and memory events, in a valid trace-event file; validation and the rest run as usual."""
@@ -46,6 +47,7 @@ def test_profile_steps_writes_a_perfetto_trace_of_exactly_those_steps(tiny, run_
     assert any(e.get("name") == "[memory]" for e in trace["traceEvents"]), "memory events not recorded"
 
 
+@pytest.mark.slow
 @CORE
 def test_a_run_that_ends_inside_the_window_writes_what_it_recorded(tiny, run_dir):
     """A window past the end of training: the steps that ran are written when the run ends."""
@@ -53,6 +55,7 @@ def test_a_run_that_ends_inside_the_window_writes_what_it_recorded(tiny, run_dir
     assert profiled_steps(json.loads((run_dir / "profile" / "rank0.json").read_text())) == [3]
 
 
+@pytest.mark.slow
 @CORE
 def test_without_profile_steps_nothing_is_profiled(tiny, run_dir):
     assert main([*tiny, "trainer.max_steps=2"]) == 0

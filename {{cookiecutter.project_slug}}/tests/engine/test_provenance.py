@@ -20,6 +20,7 @@ def records(run_dir) -> list[dict]:
     return json.loads((run_dir / "run_info.json").read_text())["runs"]
 
 
+@pytest.mark.slow
 def test_each_start_records_what_produced_the_run_and_a_resume_appends(tiny, run_dir):
     """A fresh run writes one record (versions, command line, devices, world size, hosts); resuming
     it appends a second that names the step it continued from; a fresh start sets the file aside."""

@@ -3,6 +3,7 @@ backward changes no name, no gradient and no BatchNorm statistic, for the task's
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -109,6 +110,7 @@ def task_model_and_loss(overrides: list[str] = ()):
     return task.build_model(torch.device("cpu")), lambda model: task.loss(model, batch)[0]
 
 
+@pytest.mark.slow
 def test_the_tasks_model_trains_the_same_with_recomputation():
     """The task's model, recomputing each of its blocks in backward, gives the same loss, gradients and
     buffers after a forward and backward (BatchNorm statistics, if any, updated once)."""

@@ -37,7 +37,8 @@ SAVES = {
 }
 
 
-@pytest.mark.parametrize("save", list(SAVES))
+# The full format's row is the fast tier's resume test; the sharded formats' rows are slow.
+@pytest.mark.parametrize("save", [s if s == "full" else pytest.param(s, marks=pytest.mark.slow) for s in SAVES])
 def test_resume_after_a_crash_matches_an_uninterrupted_run(save, tiny, tmp_path, final_weights):
     """Killed after step 5 and resumed from the step-4 checkpoint (the task's random data draws on, a
     validation every 3 steps), training ends with identical weights and the same logged lines: with
@@ -62,6 +63,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(save, tiny, tmp_path,
     assert [r["step"] for r in read_metrics(crashed) if "val/loss" in r] == [3, 6, 9, 12]
 
 
+@pytest.mark.slow
 def test_resuming_with_a_changed_learning_rate_exits_2_naming_key_values_and_remedies(tiny, run_dir, capsys):
     """A resume with another optim.lr or model shape stops before training: one line names each key with
     its old and new value and says how to proceed; nothing in the run directory changes."""
@@ -83,6 +85,7 @@ def test_resuming_with_a_changed_learning_rate_exits_2_naming_key_values_and_rem
     assert {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.slow
 def test_allowed_changes_are_applied_and_logged(tiny, run_dir, caplog):
     """Stop conditions, cadence and workers may change on resume; the log names what changed and the
     run continues from its checkpoint."""
@@ -97,6 +100,7 @@ def test_allowed_changes_are_applied_and_logged(tiny, run_dir, caplog):
     assert steps == [1, 2, 4, 6, 8]  # continued at step 3, logging every 2 steps from then on
 
 
+@pytest.mark.slow
 def test_override_optim_applies_the_new_learning_rate_and_weight_decay(tiny, run_dir, capsys):
     """The remedy of a diverged run works: with trainer.override_optim=true, a run resumed from step 2 with
     a lower optim.lr and another weight decay trains with them from its next step on."""
@@ -113,6 +117,7 @@ def test_override_optim_applies_the_new_learning_rate_and_weight_decay(tiny, run
     assert all(g["initial_lr"] == 1e-4 for g in groups)
 
 
+@pytest.mark.slow
 def test_batch_size_may_change_when_the_global_batch_does_not(tiny, run_dir, capsys):
     """B per step may be resumed as 2 accumulated micro-batches of B/2, not as B/2 per step."""
     batch = load_config([], tiny).data.batch_size
@@ -126,6 +131,7 @@ def test_batch_size_may_change_when_the_global_batch_does_not(tiny, run_dir, cap
     assert latest_checkpoint(run_dir / "checkpoints")[1]["progress"]["step"] == 4
 
 
+@pytest.mark.slow
 def test_resuming_with_another_precision_exits_2(tiny, run_dir, capsys):
     """An fp32 checkpoint resumed with trainer.precision=bf16 (on a GPU also fp16, whose scaler state an
     fp32 checkpoint lacks) stops with one line naming trainer.precision."""
@@ -146,6 +152,7 @@ def test_resuming_an_fp32_checkpoint_with_fp16_exits_2_on_a_gpu(tiny, run_dir, c
     assert "trainer.precision 'fp32' -> 'fp16'" in one_line_error(capsys)
 
 
+@pytest.mark.slow
 def test_a_fresh_start_in_a_used_directory_keeps_every_earlier_file(tiny, run_dir):
     """trainer.resume=never in a directory that holds two earlier runs: their metrics, best model, config and
     checkpoints are renamed *.superseded under names of their own; the new metrics.jsonl holds one series."""
@@ -165,6 +172,7 @@ def test_a_fresh_start_in_a_used_directory_keeps_every_earlier_file(tiny, run_di
     assert "seed: 2" in (run_dir / "config.yaml").read_text()
 
 
+@pytest.mark.slow
 def test_a_fresh_start_after_a_run_without_checkpoints_sets_its_metrics_aside(tiny, run_dir):
     """A run that died before its first checkpoint left metrics.jsonl: the next start (resume=auto finds
     nothing) sets it aside instead of appending a second series."""
@@ -177,6 +185,7 @@ def test_a_fresh_start_after_a_run_without_checkpoints_sets_its_metrics_aside(ti
     assert (run_dir / "wandb_run_id.superseded").read_text() == "0123abcd"  # the next wandb run gets a new id
 
 
+@pytest.mark.slow
 def test_resuming_from_an_earlier_checkpoint_sets_aside_a_later_best_model(tiny, run_dir):
     """best.safetensors of step 6 is not replaced by the best of a run resumed from step 2: it is renamed,
     and the new best.safetensors says in its header which step made it."""
@@ -198,6 +207,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_a_second_run_in_the_same_directory_exits_2_naming_the_first(tiny, run_dir, capsys):
     """While another process holds the directory, a run exits 2 naming its pid and host, and writes nothing;
     once that process is killed (its lock file left behind), the next run takes the lock over."""
@@ -232,6 +242,7 @@ def test_the_lock_file_names_its_holder(tmp_path):
     assert not (tmp_path / LOCK_NAME).exists()
 
 
+@pytest.mark.slow
 def test_best_model_header_records_its_step_and_metrics(tiny, run_dir):
     """best.safetensors carries the step and validation metrics that made it best."""
     assert main([*tiny]) == 0

@@ -47,6 +47,7 @@ distributed.teardown()
 """
 
 
+@pytest.mark.slow
 def test_fsdp_builds_on_the_meta_device_and_equals_the_one_process_build(tiny, tmp_path):
     """Under FSDP each process materialises only its shards (together the whole model, once), and
     the gathered weights equal, bit for bit, those one process builds with the same seed."""
@@ -85,6 +86,7 @@ def distance(a: dict, b: dict) -> float:
     return sum(((a[k].double() - b[k].double()) ** 2).sum().item() for k in a if a[k].is_floating_point()) ** 0.5
 
 
+@pytest.mark.slow
 @pytest.mark.core  # the 2-D layout is the core's; both tasks build and shard through it alike
 def test_hsdp_on_four_processes_trains_like_one_and_resumes_on_other_layouts(tiny, run_dir, tmp_path):
     """distributed.replicate_degree=2 on 4 CPU processes (2 replicas x 2 shards, recomputing each

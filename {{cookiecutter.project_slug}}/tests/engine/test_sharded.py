@@ -26,6 +26,7 @@ pytestmark = pytest.mark.core  # task-independent: the template runs it in one t
 SHARDED = ["trainer.checkpoint_format=sharded", "trainer.checkpoint_every=2", "trainer.max_steps=4"]
 
 
+@pytest.mark.slow
 def test_a_sharded_checkpoint_is_a_directory_whose_manifest_covers_every_file(tiny, run_dir):
     """Each save is a step_N directory with a manifest of every file's size and CRC-32 beside the
     shards, the index and the training state; keep_last prunes whole directories, and no temporary
@@ -55,6 +56,7 @@ def _damage(folder, how: str) -> None:
         (folder / MANIFEST).unlink()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["truncate-a-shard", "flip-a-bit-in-a-shard", "delete-a-shard", "no-manifest"])
 def test_a_damaged_sharded_checkpoint_is_set_aside_and_the_previous_one_used(how, tiny, run_dir, caplog):
     """A sharded checkpoint with a damaged or missing file is named in a warning, renamed
@@ -69,6 +71,7 @@ def test_a_damaged_sharded_checkpoint_is_set_aside_and_the_previous_one_used(how
     assert latest_checkpoint(run_dir / "checkpoints")[1]["progress"]["step"] == 4  # redone from step 2
 
 
+@pytest.mark.slow
 def test_a_failed_sharded_write_exits_1_and_keeps_the_older_checkpoints(tiny, run_dir, monkeypatch, capsys):
     """A full disk while the shards are written exits 1 with one line; the step-2 checkpoint is intact
     and the unfinished directory never becomes a checkpoint."""
@@ -92,6 +95,7 @@ def test_a_failed_sharded_write_exits_1_and_keeps_the_older_checkpoints(tiny, ru
     assert in_full(latest_checkpoint(run_dir / "checkpoints")[1])["progress"]["step"] == 2
 
 
+@pytest.mark.slow
 def test_export_and_evaluate_read_a_sharded_checkpoint(tiny, run_dir):
     """export writes the sharded checkpoint's weights as model.safetensors (the same tensors as the
     checkpoint holds), and evaluate reads them too."""

@@ -73,6 +73,7 @@ def test_a_non_finite_loss_skips_the_update_and_is_named_at_the_next_check():
         state.check_updates()
 
 
+@pytest.mark.slow
 def test_checkpoints_carry_their_format_and_a_newer_one_is_refused(tiny, run_dir, capsys):
     """Checkpoints say which layout they have; one from a newer project is refused in one line (exit 2), and
     one from before the key existed still resumes."""
@@ -99,6 +100,7 @@ HOST_READS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_training_steps_read_no_tensor_back_to_python_between_log_lines(tiny, precision):
     """From the second optimizer step to the fifth no tensor value is read into Python.

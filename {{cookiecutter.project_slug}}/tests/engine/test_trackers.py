@@ -61,6 +61,7 @@ class FakeWandb(types.ModuleType):
         return Run()
 
 
+@pytest.mark.slow
 def test_wandb_gets_the_resolved_config_and_every_logged_scalar(tiny, run_dir, monkeypatch):
     """wandb.init receives the config as config.yaml holds it (and run_info.json's record of that start),
     and every metrics.jsonl value at its step."""
@@ -87,6 +88,7 @@ def test_wandb_gets_the_resolved_config_and_every_logged_scalar(tiny, run_dir, m
     assert any("perf/data_wait" in r for r in records)
 
 
+@pytest.mark.slow
 def test_a_fresh_start_in_the_same_directory_is_a_new_wandb_run(tiny, run_dir, monkeypatch):
     """trainer.resume=never in a used directory starts a new wandb run instead of appending to the old one."""
     fake = FakeWandb()
@@ -99,6 +101,7 @@ def test_a_fresh_start_in_the_same_directory_is_a_new_wandb_run(tiny, run_dir, m
     assert (run_dir / "wandb_run_id.superseded").read_text() == first
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_continues_after_resume_and_never_stores_the_api_key(tiny, run_dir, offline):
     """A resumed run logs into the same offline wandb run, and no file of the run holds the API key."""
     assert main([*tiny, "tracker.name=wandb", "tracker.tags=[baseline]", "trainer.max_steps=2"]) == 0
@@ -115,6 +118,7 @@ def test_wandb_offline_run_continues_after_resume_and_never_stores_the_api_key(t
     assert not leaked, leaked
 
 
+@pytest.mark.slow
 def test_wandb_disabled_mode_trains_without_a_wandb_run(tiny, run_dir, offline, monkeypatch):
     """WANDB_MODE=disabled turns wandb off and training goes on, with metrics.jsonl as always."""
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -138,6 +142,7 @@ def test_api_key_in_the_config_is_refused_without_echoing_it(tiny, capsys):
     assert "WANDB_API_KEY" in err and FAKE_KEY not in err
 
 
+@pytest.mark.slow
 def test_tensorboard_logs_the_same_scalars_as_metrics_jsonl(tiny, run_dir):
     """tracker.name=tensorboard writes every metrics.jsonl value under the same name and step."""
     pytest.importorskip("tensorboard")
@@ -200,6 +205,7 @@ def mlflow_values(client, run_id: str) -> dict[tuple[str, int], set[float]]:
     return values
 
 
+@pytest.mark.slow
 def test_mlflow_gets_every_logged_value_and_the_config_and_a_resume_continues_its_run(
     tiny, run_dir, tmp_path, mlflow_client, monkeypatch
 ):
@@ -238,6 +244,7 @@ def test_mlflow_gets_every_logged_value_and_the_config_and_a_resume_continues_it
     assert not leaked, leaked
 
 
+@pytest.mark.slow
 def test_mlflow_tracking_uri_is_honoured_and_a_run_it_lacks_starts_anew(
     tiny, run_dir, tmp_path, mlflow_client, monkeypatch, caplog
 ):

@@ -37,6 +37,7 @@ def test_smoke_run_learns_and_writes_its_outputs(tiny, run_dir, capsys):
     assert "final val/acc=" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_the_large_batch(tiny, tmp_path, final_weights):
     """2 micro-batches of 16 give the same weights as 1 batch of 32 (GroupNorm, fp32, no augmentation).
 
@@ -97,6 +98,7 @@ def test_real_cuda_out_of_memory_is_one_line(tiny, capsys):
     assert "data.batch_size=256 trainer.grad_accum_steps=2" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bf16_autocast_on_cpu_trains_without_a_scaler(tiny, run_dir):
     """bf16 runs under autocast with the gradient scaler disabled (it is for fp16 only)."""
     cfg = load_config([], [*tiny, "trainer.precision=bf16", "trainer.max_steps=2"])
@@ -173,6 +175,7 @@ def one_process_runs(tmp_path_factory):
     return read("one"), distance(read("one"), read("other"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_match_one_and_resume_on_one(tiny, run_dir, final_weights, one_process_runs, strategy):
     """2 processes x batch 32 train like 1 x batch 64, count each validation sample once, and resume on 1.
@@ -253,6 +256,7 @@ sys.exit(code)
 """
 
 
+@pytest.mark.slow
 def test_fsdp_ranks_keep_one_set_of_batchnorm_statistics(tiny, tmp_path):
     """Under FSDP each rank's BatchNorm statistics move on its own batches; after every optimizer
     step all ranks hold rank 0's (as DDP keeps them), checked by gathering every buffer."""
@@ -277,6 +281,7 @@ with open(os.environ["THREADS_AT_EXIT"] + os.environ["RANK"], "w") as f:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="lists threads through /proc (Linux)")
 @pytest.mark.parametrize("ending", ["finished", "diverged"])
 def test_fsdp_process_group_threads_end_before_python_exits(ending, tiny, tmp_path):
@@ -311,6 +316,7 @@ print(cached, min(faults[1:]))  # small allocations in between can split a freed
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="tunes glibc's malloc")
 def test_freed_memory_is_reused_instead_of_faulted_in_again():
     """After cache_freed_memory() a freed 64 MiB tensor's pages serve a later one: no page faults."""
@@ -351,6 +357,7 @@ print(cached - resident_mib())
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc" or not Path("/proc/self/statm").exists(), reason="glibc, Linux")
 def test_freed_memory_is_handed_back_before_a_fork():
     """The cached memory goes back to the system before a fork: a worker would share it copy-on-write, and
@@ -361,6 +368,7 @@ def test_freed_memory_is_handed_back_before_a_fork():
     assert float(done.stdout) > 48  # MiB of the freed 64 no longer resident after the fork
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("overrides", "calls"), [([], 1), (["run.cache_cpu_memory=false"], 0)])
 def test_cpu_training_caches_freed_memory_unless_turned_off(tiny, monkeypatch, overrides, calls):
     """A CPU run sets up the allocator once, unless run.cache_cpu_memory=false."""

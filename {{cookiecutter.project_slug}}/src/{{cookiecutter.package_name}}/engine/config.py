@@ -94,9 +94,9 @@ class TrainerConfig:
     """Autograd anomaly detection: a NaN names the operation that made it (slow; for debugging only)."""
     monitor: str | None = None
     """The validation metric that picks best.safetensors and best.json (and early stopping); null: the
-    task's own (val/acc for images, val/loss for the language model)."""
+    task's own (its TaskSpec.monitor)."""
     monitor_mode: str | None = None
-    """max (higher is better) or min; null: the metric's own direction (max for val/acc, min for losses)."""
+    """max (higher is better) or min; null: the metric's own direction (TaskSpec.metrics)."""
     early_stop_patience: int = 0
     """Stop after this many validations in a row without a better trainer.monitor (0: never stop early)."""
     checkpoint_format: str = "auto"
@@ -121,7 +121,7 @@ class TrackerConfig:
     run_name: str | None = None
     """Run name shown by the tracker (defaults to the output_dir's name)."""
     tags: list[str] = field(default_factory=list)
-    """Run tags, e.g. tracker.tags=[baseline,resnet18]; MLflow also takes key=value. The wandb mode comes
+    """Run tags, e.g. tracker.tags=[baseline,v2]; MLflow also takes key=value. The wandb mode comes
     from WANDB_MODE (online, offline, disabled) and the API key from WANDB_API_KEY or `wandb login`, the
     MLflow store from MLFLOW_TRACKING_URI (else output_dir/mlruns/), never from here."""
 

@@ -4,7 +4,8 @@ Every entry point turns these into one line on stderr and the status below, neve
 
     2  bad input the user must fix: configuration, data, a checkpoint (ConfigError and subclasses)
     1  a failure while running: an output could not be written (OutputError, e.g. a full disk),
-       the run diverged (Diverged); train.py adds out of memory and a peer that hung or died
+       the run diverged (Diverged), the device ran out of memory (OutOfMemory), another process
+       hung or died (PeerFailure)
    75  stopped on request after writing a checkpoint (Preempted): run the same command again
 """
 
@@ -30,7 +31,7 @@ class CheckpointError(ConfigError):
 
 
 class DataError(ConfigError):
-    """Data that cannot be read or used: an unreadable image, a data set too small (exit 2)."""
+    """Data that cannot be read or used: an unreadable file, a data set too small (exit 2)."""
 
 
 class OutputError(Exception):
@@ -45,6 +46,14 @@ class Diverged(RuntimeError):
     """The loss or gradient norm became NaN or infinite; nothing non-finite is ever checkpointed (exit 1)."""
 
 
+class OutOfMemory(RuntimeError):
+    """The device ran out of memory; the message says what to change (exit 1)."""
+
+
+class PeerFailure(RuntimeError):
+    """A collective failed or timed out: another process hung or died, and its own log says why (exit 1)."""
+
+
 class Preempted(Exception):
     """Training stopped on request after writing a checkpoint; run the same command to resume (exit 75)."""
 
@@ -54,6 +63,8 @@ EXIT_STATUS = (
     (ConfigError, BAD_INPUT),
     (OutputError, RUNTIME_FAILURE),
     (Diverged, RUNTIME_FAILURE),
+    (OutOfMemory, RUNTIME_FAILURE),
+    (PeerFailure, RUNTIME_FAILURE),
     (Preempted, PREEMPTED_EXIT),
 )
 

@@ -32,19 +32,6 @@ RUN_INFO = "run_info.json"
 PROJECT_ROOT = Path(__file__).resolve().parents[3]  # src/PACKAGE/engine/provenance.py -> the project
 # The command line of this start: set by the entry point (train.main) to the arguments it was given.
 command_line: list[str] = [Path(sys.executable).name, *sys.argv]
-# What the record lists when the project is not installed (run from its source tree).
-CORE_PACKAGES = (
-    "torch",
-    "torchvision",
-    "numpy",
-    "omegaconf",
-    "safetensors",
-    "tqdm",
-    "tokenizers",
-    "wandb",
-    "mlflow-skinny",
-    "optuna",
-)
 
 
 def run_record(resumed_from_step: int | None) -> dict:
@@ -99,17 +86,24 @@ def versions() -> dict:
     }
 
 
+def imported_distributions() -> list[str]:
+    """The installed distributions that provide the top-level modules imported so far."""
+    owners = importlib.metadata.packages_distributions()
+    return sorted({dist for name in list(sys.modules) if "." not in name for dist in owners.get(name, ())})
+
+
 def package_versions() -> dict:
-    """The installed version of the project and of each package it requires (or of the core ones)."""
+    """The installed version of the project and of each package it requires (or, run from its source
+    tree, of every package this process has imported: torch and the task's libraries among them)."""
     package = PACKAGE
-    names: list[str] = list(CORE_PACKAGES)
+    names: list[str] = imported_distributions()
     found = {}
     try:
         found[package] = importlib.metadata.version(package)
         requires = importlib.metadata.requires(package) or []
         names = [m[0] for m in (re.match(r"[A-Za-z0-9_.\-]+", r) for r in requires if "extra ==" not in r) if m]
     except importlib.metadata.PackageNotFoundError:
-        pass  # run from the source tree: the core packages instead
+        pass  # run from the source tree: what it imported instead
     for name in names:
         try:
             found[name] = importlib.metadata.version(name)

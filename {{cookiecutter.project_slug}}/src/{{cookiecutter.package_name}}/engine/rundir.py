@@ -200,14 +200,21 @@ def best_metadata(step: int, metrics: dict, kind: str) -> dict[str, str]:
 
 
 class RunLock:
-    """An exclusive lock on a run directory, held by the main process for the whole run.
+    """An exclusive lock on a run directory, held by the main process for the whole run (the sweep
+    locks its output_dir with another name and message).
 
     The lock file says who holds it (host, pid, start time). flock releases it when the holder's
     process ends, however it ends, so a stale file is simply taken over.
     """
 
-    def __init__(self, output_dir: Path):
-        self.path = Path(output_dir) / LOCK_NAME
+    BUSY = (
+        "run.output_dir={dir!r} is in use by another run ({holder}); wait for it to finish, or choose another "
+        "run.output_dir"
+    )
+
+    def __init__(self, output_dir: Path, name: str = LOCK_NAME, busy: str = BUSY):
+        self.path = Path(output_dir) / name
+        self.busy = busy  # the refusal: {dir} is the directory, {holder} who holds it
         self.fd: int | None = None
 
     def acquire(self) -> RunLock:
@@ -216,16 +223,13 @@ class RunLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as err:
-                raise OutputError(f"run.output_dir: cannot create {self.path} ({write_failure(err)})") from None
+                raise OutputError(f"cannot create the lock file {self.path} ({write_failure(err)})") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = _read_holder(fd)
                 os.close(fd)
-                raise RunDirectoryBusy(
-                    f"run.output_dir={str(self.path.parent)!r} is in use by another run ({holder}); wait for it "
-                    "to finish, or choose another run.output_dir"
-                ) from None
+                raise RunDirectoryBusy(self.busy.format(dir=str(self.path.parent), holder=holder)) from None
             # The holder may have removed the file between our open and our flock: lock the file
             # that is at the path now, not an unlinked one.
             try:

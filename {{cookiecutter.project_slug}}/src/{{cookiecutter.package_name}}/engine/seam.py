@@ -73,7 +73,7 @@ class TaskSpec:
     validate: Callable[[Config], None] = lambda cfg: None
     """Refuse combinations of the task's keys that cannot work (raise ConfigError naming the key)."""
     choices: dict[str, tuple] = field(default_factory=dict)
-    """Values a task key may take, e.g. {"data.name": ("synthetic", "cifar10")}."""
+    """Values a task key may take, e.g. {"data.name": ("synthetic", "folder")}."""
     at_least_one: tuple[str, ...] = ()
     """Task keys that must be at least 1."""
     defaults: dict = field(default_factory=dict)
@@ -99,7 +99,7 @@ class Task(abc.ABC):
     """What the engine calls on the task while training, evaluating and exporting (task/task.py's Task).
 
         task = Task(cfg, device)
-        train_set, val_set = task.datasets()        # also learns what the model needs (classes, vocabulary)
+        train_set, val_set = task.datasets()        # also learns what the model's shape depends on
         model = task.build_model(device, shard)     # on that device, initialised from run.seed; shard: FSDP
         loss, samples = task.loss(model, batch)     # one micro-batch: to the device, forward, loss
         metrics = task.validate(model, loader)      # exact over every process; SPEC.metrics among them
@@ -149,7 +149,7 @@ class Task(abc.ABC):
         return " ".join(f"{key} {value:.4f}" for key, value in metrics.items() if isinstance(value, float))
 
     def throughput(self, samples_per_s: float) -> dict:
-        """More perf/ figures for a training log line than perf/samples_per_s (e.g. tokens per second)."""
+        """More perf/ figures for a training log line than perf/samples_per_s (e.g. perf/<unit>_per_s)."""
         return {}
 
 

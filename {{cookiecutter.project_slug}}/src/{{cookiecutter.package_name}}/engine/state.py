@@ -50,7 +50,7 @@ class Progress:
 
     def load_state_dict(self, state: dict) -> None:
         state = dict(state)
-        if "best_acc" in state:  # format 1 named it after the image task's metric, -1 for none yet
+        if "best_acc" in state:  # format 1 named it best_acc, -1 for none yet
             best_acc = state.pop("best_acc")
             state["best"] = best_acc if best_acc >= 0 else None
         for key, value in state.items():

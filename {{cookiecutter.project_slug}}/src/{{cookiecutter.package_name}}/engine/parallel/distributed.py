@@ -113,7 +113,7 @@ def _hand_back_freed_memory_before_fork() -> None:
 
     A forked process (a DataLoader worker) shares the parent's pages copy-on-write, so the parent
     reusing its cached memory after a fork would copy it page by page in copy-on-write faults: that
-    made the first ResNet-18 step 0.3 s slower. Memory handed back is faulted in fresh instead,
+    made the first training steps measurably slower. Memory handed back is faulted in fresh instead,
     once; workers start once (persistent_workers), so steps keep caching.
     """
     os.register_at_fork(before=functools.partial(ctypes.CDLL(None).malloc_trim, 0))
@@ -232,7 +232,7 @@ def wrap_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
 def shard_model(
     model: nn.Module, env: DistEnv, precision: str, replicate: int = 1, recompute_activations: bool = False
 ) -> nn.Module:
-    """FSDP2: shard every block (recompute.blocks: ResNet blocks, transformer blocks), then the root.
+    """FSDP2: shard every block (recompute.blocks: the model's repeated layers), then the root.
 
     replicate > 1 is HSDP: a 2-D mesh that shards within groups of world_size / replicate
     processes and replicates across the replicate groups. recompute_activations: activation

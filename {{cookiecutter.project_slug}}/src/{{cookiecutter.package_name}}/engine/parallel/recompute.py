@@ -1,6 +1,6 @@
 """Activation checkpointing: each block recomputes its activations in backward instead of keeping them.
 
-A block is what FSDP shards on its own (see `blocks`): a ResNet BasicBlock, a transformer block.
+A block is what FSDP shards on its own (see `blocks`): one of the repeated layers of the task's model.
 `enable` keeps every parameter's and buffer's name: the block itself stays in the model and only
 its forward changes, so checkpoints, optimizer state and pretrained weights, all keyed by name,
 do not see it (torch's checkpoint_wrapper would add `_checkpoint_wrapped_module.` to each name).
@@ -20,10 +20,10 @@ from torch.utils.checkpoint import checkpoint
 
 
 def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Every child with parameters of every nn.Sequential or nn.ModuleList in the model (ResNet stages,
-    transformer blocks), by name, in module order. A stage inside a block already taken (a ResNet
-    block's downsample, a transformer block's mlp) gives no blocks, unless the block is itself that
-    stage (a ConvNeXt stage, an nn.Sequential of blocks, gives itself and its blocks)."""
+    """Every child with parameters of every nn.Sequential or nn.ModuleList in the model (the stages of
+    repeated blocks), by name, in module order. A stage inside a block already taken (a block's own
+    nn.Sequential, say its shortcut) gives no blocks, unless the block is itself that stage (an
+    nn.Sequential of blocks gives itself and its blocks)."""
     taken: list[tuple[str, nn.Module]] = []
     for name, stage in model.named_modules():
         if not isinstance(stage, nn.Sequential | nn.ModuleList) or any(
@@ -39,7 +39,7 @@ def blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def enable(model: nn.Module) -> int:
     """Make every innermost block of the model recompute its activations in backward; returns how many.
 
-    A block holding other blocks (a ConvNeXt stage in its nn.Sequential) is left to its inner ones:
+    A block holding other blocks (a stage of blocks in its own nn.Sequential) is left to its inner ones:
     recomputing it as well would run their forward a third time. Names, outputs and gradients stay
     the same, dropout draws the same numbers when recomputed, and BatchNorm updates its running
     statistics once per forward, not again when recomputed. Without gradients (evaluation) a block

@@ -249,6 +249,7 @@ def run_fake_cifar_download(tmp_path, mode: str) -> tuple[list[str], list[tuple[
     return calls, [(float(seconds), outcome) for seconds, outcome in outcomes]
 
 
+@pytest.mark.slow
 def test_cifar10_is_downloaded_once_per_node_then_loaded_by_every_rank(tmp_path):
     """Two processes on one node: local rank 0 downloads once, the other waits, and both load the files."""
     calls, outcomes = run_fake_cifar_download(tmp_path, "online")
@@ -256,6 +257,7 @@ def test_cifar10_is_downloaded_once_per_node_then_loaded_by_every_rank(tmp_path)
     assert [outcome for _, outcome in outcomes] == ["loaded 20 4 10"] * 2
 
 
+@pytest.mark.slow
 def test_a_failed_cifar10_download_stops_every_rank_at_once_with_the_same_error(tmp_path):
     """The downloading rank's failure reaches the waiting rank promptly (not after the timeout), as one DataError."""
     calls, outcomes = run_fake_cifar_download(tmp_path, "offline")

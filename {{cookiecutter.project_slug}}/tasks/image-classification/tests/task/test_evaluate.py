@@ -47,6 +47,7 @@ def evaluate_and_export(*args: str) -> None:
     assert export_main(list(args)) == 0
 
 
+@pytest.mark.slow
 def test_outputs_go_beside_the_checkpoint_never_where_its_config_says(trained, tmp_path):
     """--checkpoint alone writes into the run directory holding checkpoints/ (or the checkpoint's own
     folder), not into the run.output_dir or data.root stored in the checkpoint."""
@@ -65,6 +66,7 @@ def test_outputs_go_beside_the_checkpoint_never_where_its_config_says(trained, t
     assert not elsewhere.exists()
 
 
+@pytest.mark.slow
 def test_output_dir_on_the_command_line_wins(trained, tmp_path):
     """run.output_dir given as an override or in a --config file is where eval.json and export/ go."""
     path = place(trained, tmp_path / "run" / "checkpoints", {"run.output_dir": str(tmp_path / "stored")})

@@ -3,6 +3,7 @@
 import subprocess
 import sys
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -16,6 +17,7 @@ from {{ cookiecutter.package_name }}.task.model import build_model
 from {{ cookiecutter.package_name }}.train import main as train_main
 
 
+@pytest.mark.slow
 def test_evaluate_and_export_a_trained_run(tiny, run_dir, capsys):
     """evaluate reports every validation sample; export writes weights and a program with the same outputs."""
     assert train_main([*tiny, "trainer.max_steps=3"]) == 0
@@ -69,6 +71,7 @@ def test_exported_program_runs_with_plain_torch_and_matches_the_trained_model(ti
     assert torch.equal(logits.argmax(1), expected.argmax(1))
 
 
+@pytest.mark.slow
 def test_export_cleans_prefixes_from_a_wrapped_checkpoint(tiny, run_dir):
     """A checkpoint written from a DDP-and-compiled model exports plain key names."""
     assert train_main([*tiny, "trainer.max_steps=1"]) == 0
@@ -86,6 +89,7 @@ def test_evaluate_without_checkpoint_is_a_clear_error(tmp_path, capsys):
     assert "holds no usable checkpoint" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_export_works_with_a_one_sample_validation_set(tiny, run_dir):
     """The traced example comes from the input shape, not the data: one validation sample is enough,
     and the program still takes a batch of 1 as well as larger ones."""

@@ -50,6 +50,7 @@ def test_smoke_run_learns_and_writes_its_outputs(tiny, run_dir, capsys):
     assert "final val/loss=" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_synthetic_demo_approaches_its_entropy_floor(tmp_path):
     """A micro model on an order-1 source: val/loss falls from about ln(V) to within 10% of the floor,
     and never below it by more than the validation set's sampling noise."""
@@ -70,6 +71,7 @@ def test_val_every_validates_between_epochs_and_at_the_end(tiny, run_dir):
     assert [r["step"] for r in vals(run_dir)] == [2, 4, 6]
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_the_large_batch(tiny, tmp_path, final_weights):
     """2 micro-batches of 4 give the same weights as 1 batch of 8, up to float rounding: at least 20x
     closer than a run on other batches (1 batch of 4)."""
@@ -94,6 +96,7 @@ def one_process(tmp_path_factory):
     return read("one"), distance(read("one"), read("other"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_match_one_and_resume_on_one(tiny, run_dir, final_weights, one_process, strategy):
     """2 processes x batch 4 read the same token stream as 1 x batch 8 and train like it (float rounding
@@ -198,3 +201,23 @@ def test_single_gpu_smoke(tiny, run_dir, precision):
     assert [r["val/tokens"] for r in vals(run_dir)] == [999, 999]
     _, state = latest_checkpoint(run_dir / "checkpoints")
     assert bool(state["scaler"]) == (precision == "fp16")
+
+
+# A full checkpoint written by this project before the engine and the task moved into folders of
+# their own (the flat layout): step 3 of the tiny configuration, checkpoint_every=3.
+FLAT_LAYOUT_CHECKPOINT = Path(__file__).parent / "data" / "flat_layout_step_3.pt"
+
+
+def test_a_checkpoint_of_the_flat_layout_resumes_exactly(tiny, run_dir, tmp_path, final_weights):
+    """A checkpoint written before the task/ and engine/ folders resumes, and the run ends with the
+    same weights as one that never stopped."""
+    saves = ["trainer.checkpoint_every=3", "trainer.checkpoint_format=full"]
+    straight = tmp_path / "straight"
+    assert main([*tiny, *saves, f"run.output_dir={straight}"]) == 0
+    (run_dir / "checkpoints").mkdir(parents=True)
+    shutil.copy(FLAT_LAYOUT_CHECKPOINT, run_dir / "checkpoints" / "step_00000003.pt")
+    assert main([*tiny, *saves]) == 0
+    assert json.loads((run_dir / "run_info.json").read_text())["runs"][-1]["resumed_from_step"] == 3
+    resumed, expected = final_weights(run_dir), final_weights(straight)
+    assert resumed.keys() == expected.keys()
+    assert all(torch.equal(resumed[key], expected[key]) for key in expected)

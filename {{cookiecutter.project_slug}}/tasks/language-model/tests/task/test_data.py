@@ -171,6 +171,7 @@ def latest_checkpoint_vocab(run_dir) -> int:
     return latest_checkpoint(run_dir / "checkpoints")[1]["model"]["tok_emb.weight"].shape[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [

@@ -1,9 +1,7 @@
-"""What this task declares to the engine (engine/seam.py's TaskSpec): its data and model config
-sections, their allowed values and checks, its validation metrics, what a resume may change and
-what a checkpoint restores.
-
-engine/config.py holds the sections every task shares (run, optim, trainer, tracker, distributed)
-and merges these in; the task's modules (task.py, data.py, model.py) read them from here.
+"""What this task declares to the engine: SPEC (engine/seam.py's TaskSpec), with the data and model
+config sections of the images and their classifier, their allowed values and checks, the
+validation metrics, what a resume may change and what a checkpoint restores. engine/config.py
+merges the sections in beside the shared ones (run, optim, trainer, tracker, distributed).
 """
 
 from __future__ import annotations

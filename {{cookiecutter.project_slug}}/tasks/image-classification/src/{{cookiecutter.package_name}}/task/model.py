@@ -33,7 +33,7 @@ def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
 
 
 # The modules init_module initialises; a model with parameters in any other kind of module (a
-# ViT's class token, say) keeps torchvision's own initialisation and is built whole.
+# ViT's class embedding, say) keeps torchvision's own initialisation and is built whole.
 INIT_TYPES = (nn.Conv2d, nn.Linear, nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 
 

@@ -1,9 +1,6 @@
-"""What this task declares to the engine (engine/seam.py's TaskSpec): its data and model config
-sections, their allowed values and checks, its validation metrics, what a resume may change and
-what a checkpoint restores.
-
-engine/config.py holds the sections every task shares (run, optim, trainer, tracker, distributed)
-and merges these in; the task's modules (task.py, data.py, model.py) read them from here.
+"""The language model's declaration to the engine, SPEC (a TaskSpec, engine/seam.py): the data and
+model sections (token windows, the transformer's shape), the keys' allowed values and checks,
+validation metrics, what a resume may change and what a checkpoint restores.
 """
 
 from __future__ import annotations

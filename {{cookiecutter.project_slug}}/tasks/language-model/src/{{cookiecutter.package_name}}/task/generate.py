@@ -19,9 +19,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..engine import PACKAGE
+from ..engine import PACKAGE, cli
 from ..engine.ckpt.restore import load_model_weights, restore_trained
-from ..engine.errors import ConfigError, exit_status, report
+from ..engine.errors import ConfigError
 from .task import Task
 
 
@@ -94,12 +94,11 @@ def generate(argv: list[str]) -> tuple[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        prompt, text = generate(argv)
-    except Exception as err:
-        if exit_status(err) is None:
-            raise  # a bug: its traceback is what helps
-        return report(err)
+    return cli.run(lambda: _generate(argv))
+
+
+def _generate(argv: list[str]) -> int:
+    prompt, text = generate(argv)
     print(prompt + text)
     return 0
 

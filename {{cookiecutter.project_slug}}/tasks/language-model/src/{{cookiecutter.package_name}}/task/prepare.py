@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine import PACKAGE
+from ..engine import PACKAGE, cli
 from ..engine.ckpt.files import writing
-from ..engine.errors import ConfigError, DataError, exit_status, report
+from ..engine.errors import ConfigError, DataError
 from .tokenizer import load_tokenizer
 
 FORMAT = 1
@@ -139,12 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", default="bytes", help="bytes (default) or the path of a tokenizer.json")
     parser.add_argument("--glob", default="*", help="in directories, read only files matching this (e.g. '*.py')")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    try:
-        meta = prepare(args.paths, args.out, args.val_fraction, args.tokenizer, args.glob)
-    except Exception as err:
-        if exit_status(err) is None:
-            raise  # a bug: its traceback is what helps
-        return report(err)
+    return cli.run(lambda: _prepare(args))
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    meta = prepare(args.paths, args.out, args.val_fraction, args.tokenizer, args.glob)
     train, val = meta["train"], meta["val"]
     print(
         f"wrote {args.out}: train {train['tokens']} tokens ({train['documents']} documents), "
