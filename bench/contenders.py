@@ -321,7 +321,7 @@ def run_generated(
         return
     image_size, batch, augment, workers = SHAPES[model_name]
     if model_name == "mlp":  # the task builds its model's layers through this module-level name
-        task = importlib.import_module(f"{package}.task")
+        task = importlib.import_module(f"{package}.task.task")
         task.architecture = lambda cfg, num_classes: build_mlp(image_size, num_classes)
     overrides = [
         f"run.output_dir={output_dir}",
@@ -350,7 +350,7 @@ def run_generated_lm(package: str, train, total_steps: int, output_dir: str, log
 
     import lm
 
-    task = importlib.import_module(f"{package}.task")
+    task = importlib.import_module(f"{package}.task.task")
     build_datasets = task.build_datasets  # the task builds its data through this module-level name
 
     def fingerprinted(cfg, seed):

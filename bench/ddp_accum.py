@@ -30,7 +30,7 @@ def main() -> None:
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
-    distributed = importlib.import_module(f"{args.package}.distributed")
+    distributed = importlib.import_module(f"{args.package}.engine.parallel.distributed")
     train = importlib.import_module(f"{args.package}.train")
     rounds, step_times = [], []
     wrap_model = distributed.wrap_model

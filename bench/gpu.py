@@ -134,8 +134,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 package, task_kind, *overrides = sys.argv[1:]
-config = importlib.import_module(f"{package}.config")
-Task = importlib.import_module(f"{package}.task").Task
+config = importlib.import_module(f"{package}.engine.config")
+Task = importlib.import_module(f"{package}.task.task").Task
 cfg = config.load_config(["configs/default.yaml"], [*overrides, "run.device=cpu"])
 task = Task(cfg, torch.device("cpu"))
 task.datasets()  # the data decides the number of classes or the vocabulary

@@ -38,9 +38,9 @@ def main() -> None:
     import torch
     from torchvision.transforms import v2
 
-    data = importlib.import_module(f"{args.package}.data")
-    loaders = importlib.import_module(f"{args.package}.loaders")
-    config = importlib.import_module(f"{args.package}.config")
+    data = importlib.import_module(f"{args.package}.task.data")
+    loaders = importlib.import_module(f"{args.package}.engine.loaders")
+    config = importlib.import_module(f"{args.package}.task.config")
     batch = 64
     cfg = config.DataConfig(
         image_size=224, batch_size=batch, num_workers=2, train_size=batch * (args.batches + 2)

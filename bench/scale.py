@@ -87,8 +87,9 @@ def drive(mode: str, package: str, out: Path, argv: list[str]) -> int:
     """Under torchrun: the project's training command with timing and memory wrappers."""
     import importlib
 
-    distributed = importlib.import_module(f"{package}.distributed")
-    state_module = importlib.import_module(f"{package}.state")
+    distributed = importlib.import_module(f"{package}.engine.parallel.distributed")
+    state_module = importlib.import_module(f"{package}.engine.state")
+    loop = importlib.import_module(f"{package}.engine.loop")  # the outer loop calls train_step
     train = importlib.import_module(f"{package}.train")
     rank = int(os.environ["RANK"])
     found: dict = {"saves": [], "steps": []}
@@ -111,7 +112,7 @@ def drive(mode: str, package: str, out: Path, argv: list[str]) -> int:
 
         distributed.build_model = measured_build
     else:
-        real_save, real_step = state_module.TrainState.save, train.train_step
+        real_save, real_step = state_module.TrainState.save, loop.train_step
 
         def measured_save(self, checkpoints, cfg, wait=False):
             with PeakRss() as rss:
@@ -136,7 +137,7 @@ def drive(mode: str, package: str, out: Path, argv: list[str]) -> int:
             return result
 
         state_module.TrainState.save = measured_save
-        train.train_step = measured_step
+        loop.train_step = measured_step
     try:
         code = train.main(argv)
     except SystemExit as stop:

@@ -1,40 +1,198 @@
-"""Regenerate docs/configuration.md from the generated project's config dataclasses.
+"""Regenerate docs/configuration.md from the configuration of a project baked with each task.
 
 python docs/gen_config.py           rewrite docs/configuration.md
 python docs/gen_config.py --check   exit 1 if docs/configuration.md is out of date
 
-config.py and each task's task_config.py are read with `ast`, never imported: config.py holds
-one Jinja expression (the tracker's default) and imports torch. `Config` holds the sections; those
-whose dataclass config.py defines are shared by every task and get one table each. The others
-(data, model) come from the task's task_config.py and get a table per task. Each row has the
-field's type, its default, the values `CHOICES` allows and the docstring under the field. A
-task's `DEFAULTS` (its own defaults of shared keys) are shown beside the shared default.
+Each `task` answer is baked with the default answers into a temporary directory, and a child
+process imports the bake's `<package>.engine.config` and reports what it holds: the sections of
+`Config` and, for each field, its type, its default and the docstring under it (`field_docs`),
+`CHOICES`, `AT_LEAST_ONE` and `TASK.defaults` (the task's `SPEC`). A child of its own per bake keeps
+the two packages, which share a name, apart. The sections whose dataclass `engine/config.py`
+defines are shared by every task and get one table each; the others (data, model) come from the
+task's `task/config.py` and get a table per task. A task's own defaults of shared keys are shown
+beside the shared default. A default the bake writes from an answer (the tracker's) is shown as
+that answer, found in the template's unrendered source.
 """
 
-import ast
 import json
+import os
 import re
+import subprocess
 import sys
+import tempfile
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from functools import cache
 from pathlib import Path
+
+from cookiecutter.main import cookiecutter
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = ROOT / "{{cookiecutter.project_slug}}"
 PACKAGE = Path("src") / "{{cookiecutter.package_name}}"
-CONFIG_PY = PROJECT / PACKAGE / "config.py"
-# The project as shipped is the image-classification project; every other task's files sit in
-# tasks/<task>/ at the paths they take in a baked project (hooks/post_gen_project.py, use_task).
-DEFAULT_TASK = "image-classification"
+# Each task's own files sit in tasks/<task>/ at the paths they take in a baked project
+# (hooks/post_gen_project.py, use_task); the rest of PROJECT is the engine and the shared commands.
 TASKS_DIR = PROJECT / "tasks"
 COOKIECUTTER_JSON = ROOT / "cookiecutter.json"
 CONFIGURATION_MD = ROOT / "docs" / "configuration.md"
 
+# Run in a baked project with its src/ on sys.path: argv is the package name and the output file.
+READ_CONFIG = r'''
+import ast, dataclasses, importlib, inspect, json, sys, textwrap
+
+package, out = sys.argv[1:]
+config = importlib.import_module(f"{package}.engine.config")
+seam = importlib.import_module(f"{package}.engine.seam")
+
+
+def default(field):
+    if field.default is not dataclasses.MISSING:
+        return field.default
+    return field.default_factory()
+
+
+def written_as(cls):
+    """{field: (module, NAME)} for a field whose default is written as a module-level NAME."""
+    found = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        for node in body:
+            if isinstance(node, ast.AnnAssign):
+                if isinstance(node.value, ast.Name):
+                    found[node.target.id] = (klass.__module__, node.value.id)
+                else:
+                    found.pop(node.target.id, None)
+    return found
+
+
+sections = []
+for section in dataclasses.fields(config.Config):
+    cls = section.default_factory
+    docs, names = config.field_docs(cls), written_as(cls)
+    sections.append({
+        "name": section.name,
+        "class": cls.__name__,
+        "shared": cls.__module__ == config.__name__,
+        "fields": [
+            {
+                "name": field.name,
+                "type": field.type if isinstance(field.type, str) else field.type.__name__,
+                "default": default(field),
+                "doc": " ".join(docs.get(field.name, "").split()),
+                "written_as": names.get(field.name),
+            }
+            for field in dataclasses.fields(cls)
+        ],
+    })
+report = {
+    "package": package,
+    "sections": sections,
+    "choices": config.CHOICES,
+    "at_least_one": list(config.AT_LEAST_ONE),
+    "task_defaults": config.TASK.defaults,
+    "base": {
+        "data": [field.name for field in dataclasses.fields(seam.DataBase)],
+        "model": [field.name for field in dataclasses.fields(seam.ModelBase)],
+    },
+}
+with open(out, "w", encoding="utf-8") as file:
+    json.dump(report, file)
+'''
+
+
+def task_names(path: Path = COOKIECUTTER_JSON) -> list[str]:
+    """The `task` answers, the default first."""
+    return json.loads(path.read_text(encoding="utf-8"))["task"]
+
+
+def bake(task: str, into: Path) -> Path:
+    """Bake the template with the default answers and `task` into `into`; return the project.
+
+    The user's own cookiecutter settings (a default_context, a replay directory) play no part."""
+    settings = {
+        "cookiecutters_dir": str(into / "cookiecutters"),
+        "replay_dir": str(into / "replay"),
+    }
+    return Path(
+        cookiecutter(
+            str(ROOT),
+            no_input=True,
+            extra_context={"task": task},
+            output_dir=str(into / task),
+            default_config=settings,
+        )
+    )
+
+
+def read_config(project: Path, out: Path) -> dict:
+    """What the baked project's `<package>.engine.config` holds (READ_CONFIG), read in a child."""
+    (package,) = {path.parents[1].name for path in (project / "src").glob("*/engine/config.py")}
+    completed = subprocess.run(
+        [sys.executable, "-c", READ_CONFIG, package, str(out)],
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": str(project / "src")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if completed.returncode != 0:
+        raise RuntimeError(f"reading {package}.engine.config failed:\n{completed.stderr[-3000:]}")
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+@cache
+def read_tasks() -> dict[str, dict]:
+    """Each task's configuration as READ_CONFIG reports it, by `task` answer, the default first."""
+    with tempfile.TemporaryDirectory(prefix="gen-config-") as tmp:
+        baked = {task: bake(task, Path(tmp)) for task in task_names()}
+        with ThreadPoolExecutor(len(baked)) as pool:
+            reports = {
+                task: pool.submit(read_config, project, Path(tmp) / f"{task}.json")
+                for task, project in baked.items()
+            }
+            return {task: report.result() for task, report in reports.items()}
+
+
+def cookiecutter_default(variable: str, path: Path = COOKIECUTTER_JSON) -> str:
+    """The answer `cookiecutter --no-input` gives to a question with a literal default."""
+    raw = json.loads(path.read_text(encoding="utf-8"))[variable]
+    return raw[0] if isinstance(raw, list) else raw
+
+
+# A module-level name the bake assigns an answer:
+# DEFAULT_TRACKER = "{{ cookiecutter.tracker }}".
+JINJA_ASSIGNMENT = re.compile(r"""^(\w+)\s*=\s*["']\{\{\s*cookiecutter\.(\w+)\s*\}\}["']""", re.M)
+
+
+def template_source(module: str, task: str) -> Path:
+    """The unrendered template file of a baked module ("my_trainer.engine.config"): the engine's
+    in the project, or the task's in tasks/<task>/."""
+    relative = Path(*module.split(".")[1:]).with_suffix(".py")
+    for package in (PROJECT / PACKAGE, TASKS_DIR / task / PACKAGE):
+        if (package / relative).is_file():
+            return package / relative
+    raise FileNotFoundError(f"{module}: no template source for it")
+
+
+def answer_of(written_as: list | None, task: str) -> str | None:
+    """The cookiecutter answer a field's default is baked from, if it is written as a name the
+    template assigns one (`name: str = DEFAULT_TRACKER`)."""
+    if not written_as:
+        return None
+    module, name = written_as
+    source = template_source(module, task).read_text(encoding="utf-8")
+    return dict(JINJA_ASSIGNMENT.findall(source)).get(name)
+
+
 INTRO = (
     "Every run of a baked project is configured by typed dataclasses. The sections every task "
-    "shares, {shared}, are in `src/<package>/config.py`; the task's own sections, {task}, are in "
-    "`src/<package>/task_config.py` and differ from task to task (the `task` answer; see "
-    "[the training core and the task](tasks.md)). Later sources win: the defaults below, then "
-    "each `--config FILE.yaml` in order, then `section.key=value` overrides on the command line:"
+    "shares, {shared}, are in `src/<package>/engine/config.py`; the task's own sections, {task}, "
+    "are in `src/<package>/task/config.py` (its `SPEC`) and differ from task to task (the `task` "
+    "answer; see [the training core and the task](tasks.md)). Every task has the keys the engine "
+    "reads itself, {base} (`DataBase` and `ModelBase` in `engine/seam.py`), though it may give "
+    "them "
+    "other defaults. Later sources win: the defaults below, then each `--config FILE.yaml` in "
+    "order, then `section.key=value` overrides on the command line:"
 )
 HEADER = """\
 # Configuration
@@ -62,7 +220,7 @@ error: data.batch_sz: unknown key; did you mean data.batch_size?
 
 In YAML and on the command line, `null` means None and `true` / `false` are booleans.
 
-<!-- Generated by docs/gen_config.py from config.py and task_config.py; edit those, not this. -->
+<!-- Generated by docs/gen_config.py from engine/config.py and task/config.py; edit those. -->
 """
 
 TASK_HEADER = """
@@ -70,93 +228,6 @@ TASK_HEADER = """
 
 {text}
 """
-
-
-def tasks() -> dict[str, Path]:
-    """Each task's name and the package directory of its own modules, the default task first."""
-    found = {DEFAULT_TASK: PROJECT / PACKAGE}
-    if TASKS_DIR.is_dir():
-        for folder in sorted(path for path in TASKS_DIR.iterdir() if path.is_dir()):
-            found[folder.name] = folder / PACKAGE
-    return found
-
-
-def _class_defs(tree: ast.Module) -> dict[str, ast.ClassDef]:
-    """The module's top-level classes by name."""
-    return {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
-
-
-def _evaluate(node: ast.expr, imported: dict) -> object:
-    """A literal, where `*task_config.NAME` / `**task_config.NAME` take `imported[NAME]`."""
-    if isinstance(node, ast.Dict):
-        merged = {}
-        for key, value in zip(node.keys, node.values, strict=True):
-            if key is None:  # **task_config.NAME
-                merged.update(imported[value.attr])
-            else:
-                merged[ast.literal_eval(key)] = _evaluate(value, imported)
-        return merged
-    if isinstance(node, ast.Tuple | ast.List):
-        items = []
-        for item in node.elts:
-            if isinstance(item, ast.Starred):  # *task_config.NAME
-                items.extend(imported[item.value.attr])
-            else:
-                items.append(_evaluate(item, imported))
-        return tuple(items) if isinstance(node, ast.Tuple) else items
-    return ast.literal_eval(node)
-
-
-def module_constants(tree: ast.Module, imported: dict | None = None) -> dict[str, object]:
-    """The module's top-level `NAME = <literal>` assignments, evaluated.
-
-    `imported` holds the task_config constants that config.py merges in (CHOICES, AT_LEAST_ONE)."""
-    constants = {}
-    for node in tree.body:
-        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
-            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
-            if isinstance(target, ast.Name):
-                try:
-                    constants[target.id] = _evaluate(node.value, imported or {})
-                except (KeyError, AttributeError, ValueError):
-                    continue
-    return constants
-
-
-def sections(tree: ast.Module) -> list[tuple[str, str]]:
-    """(section name, dataclass name) for each field of `Config`, in field order."""
-    found = []
-    for node in _class_defs(tree)["Config"].body:
-        if not isinstance(node, ast.AnnAssign):
-            continue
-        factory = next(kw.value for kw in node.value.keywords if kw.arg == "default_factory")
-        found.append((node.target.id, factory.id))
-    return found
-
-
-def fields(cls: ast.ClassDef) -> list[tuple[str, ast.expr, ast.expr, str]]:
-    """(name, annotation, default, docstring) for each field of a dataclass, in order."""
-    body = cls.body
-    found = []
-    for index, node in enumerate(body):
-        if not isinstance(node, ast.AnnAssign):
-            continue
-        following = body[index + 1] if index + 1 < len(body) else None
-        doc = ""
-        if (
-            isinstance(following, ast.Expr)
-            and isinstance(following.value, ast.Constant)
-            and isinstance(following.value.value, str)
-        ):
-            doc = following.value.value
-        found.append((node.target.id, node.annotation, node.value, " ".join(doc.split())))
-    return found
-
-
-def cookiecutter_default(variable: str, path: Path = COOKIECUTTER_JSON) -> str:
-    """The answer `cookiecutter --no-input` gives to a question with a literal default."""
-    raw = json.loads(path.read_text(encoding="utf-8"))[variable]
-    return raw[0] if isinstance(raw, list) else raw
 
 
 def literal(value: object) -> str:
@@ -170,37 +241,12 @@ def literal(value: object) -> str:
     return str(value)
 
 
-EMPTY = {"list": [], "dict": {}, "tuple": ()}
-# A default written into config.py at bake time, e.g. "{{ cookiecutter.tracker }}".
-JINJA_ANSWER = re.compile(r"\{\{\s*cookiecutter\.(\w+)\s*\}\}")
-
-
-def default_value(default: ast.expr, constants: dict) -> object:
-    """The value of a field's default: a literal, a module constant, or `field(...)`."""
-    if isinstance(default, ast.Name):
-        return constants[default.id]
-    if isinstance(default, ast.Call) and getattr(default.func, "id", None) == "field":
-        options = {kw.arg: kw.value for kw in default.keywords}
-        if "default" in options:
-            return default_value(options["default"], constants)
-        return EMPTY[options["default_factory"].id]
-    return ast.literal_eval(default)
-
-
-def describe_value(value: object) -> str:
+def describe_value(value: object, answer: str | None = None) -> str:
     """A default as a cell shows it: a literal, or for a value baked from an answer, the answer."""
-    answers = JINJA_ANSWER.findall(value) if isinstance(value, str) else []
-    if answers:
-        return " ".join(
-            f"the `{name}` answer (default `{cookiecutter_default(name)}`)" for name in answers
-        )
+    if answer:
+        return f"the `{answer}` answer (default `{cookiecutter_default(answer)}`)"
     text = literal(value)
     return f"`{text}`" if text else '`""`'
-
-
-def describe_default(default: ast.expr, constants: dict) -> str:
-    """The default cell of a field whose default is the expression `default`."""
-    return describe_value(default_value(default, constants))
 
 
 def wrap(text: str) -> str:
@@ -215,115 +261,113 @@ def escape(text: str) -> str:
     return text.replace("<", "&lt;")
 
 
-class Task:
-    """What a task's task_config.py says about the configuration, read with `ast`."""
-
-    def __init__(self, name: str, package: Path):
-        self.name, self.package = name, package
-        self.tree = ast.parse((package / "task_config.py").read_text(encoding="utf-8"))
-        self.classes = _class_defs(self.tree)
-        self.constants = module_constants(self.tree)
-        self.defaults = self.constants.get("DEFAULTS", {})
-
-    def default_of(self, key: str) -> tuple[bool, object]:
-        """(True, value) when the task's DEFAULTS set `key`, else (False, None)."""
-        section, name = key.split(".")
-        found = self.defaults.get(section, {})
-        return (name in found, found.get(name))
+def task_default(report: dict, key: str) -> tuple[bool, object]:
+    """(True, value) when the task's SPEC.defaults set `key`, else (False, None)."""
+    section, name = key.split(".")
+    found = report["task_defaults"].get(section, {})
+    return (name in found, found.get(name))
 
 
-def table(
-    section: str, class_name: str, cls: ast.ClassDef, constants: dict, level: str, default_cell
-) -> str:
+def table(section: dict, report: dict, level: str, default_cell) -> str:
     """One section's heading, a line on how to set it, and the table of its fields."""
-    choices = constants.get("CHOICES", {})
-    at_least_one = set(constants.get("AT_LEAST_ONE", ()))
+    name = section["name"]
+    at_least_one = set(report["at_least_one"])
     rows = []
-    for name, annotation, default, doc in fields(cls):
-        key = f"{section}.{name}"
-        allowed = ", ".join(f"`{choice}`" for choice in choices.get(key, ()))
+    for field in section["fields"]:
+        key = f"{name}.{field['name']}"
+        allowed = ", ".join(f"`{choice}`" for choice in report["choices"].get(key, ()))
         if key in at_least_one:
             allowed = "at least 1"
         cells = (
             f"`{key}`",
-            f"`{ast.unparse(annotation)}`",  # a pipe inside backticks splits no cell
-            default_cell(key, default),
+            f"`{field['type']}`",  # a pipe inside backticks splits no cell
+            default_cell(key, field),
             allowed,
-            escape(doc),
+            escape(field["doc"]),
         )
         rows.append("| " + " | ".join(cells) + " |\n")
     return (
-        f"\n{level} {section}\n\n`{class_name}`: set as `{section}.<key>=value` on the command "
-        f"line or under `{section}:` in YAML.\n\n"
+        f"\n{level} {name}\n\n`{section['class']}`: set as `{name}.<key>=value` on the command "
+        f"line or under `{name}:` in YAML.\n\n"
         "| key | type | default | allowed | meaning |\n"
         "|---|---|---|---|---|\n" + "".join(rows)
     )
 
 
-def render_task(task: Task, tree: ast.Module, own: list[tuple[str, str]]) -> str:
+def render_task(task: str, report: dict) -> str:
     """A task's part of the page: where its sections come from, its defaults, their tables."""
+    own = [section for section in report["sections"] if not section["shared"]]
     changed = [
         f"`{section}.{name}={literal(value)}`"
-        for section, values in task.defaults.items()
+        for section, values in report["task_defaults"].items()
         for name, value in values.items()
     ]
     defaults = (
-        "It starts from other defaults for these shared keys (`DEFAULTS` in its "
-        f"`task_config.py`, shown beside the shared defaults above): {', '.join(changed)}."
+        "It starts from other defaults for these shared keys (`defaults` in its `SPEC`, shown "
+        f"beside the shared defaults above): {', '.join(changed)}."
         if changed
         else "The defaults of the shared sections above are its own."
     )
-    if task.name == DEFAULT_TASK:
-        where = "in the template, the shipped project's own `src/<package>/task_config.py`"
-    else:
-        where = (
-            f"in the template, `tasks/{task.name}/src/<package>/task_config.py`, which the "
-            "bake moves into place"
-        )
-    own_names = " and ".join(f"`{section}`" for section, _ in own)
-    text = f"The {own_names} sections of a project baked with `task={task.name}` ({where}). "
-    parts = [TASK_HEADER.format(task=task.name, text=wrap(text + defaults))]
+    own_names = " and ".join(f"`{section['name']}`" for section in own)
+    text = (
+        f"The {own_names} sections of a project baked with `task={task}` (its "
+        "`src/<package>/task/config.py`; in the template, "
+        f"`tasks/{task}/src/<package>/task/config.py`, "
+        "which the bake moves into place). "
+    )
+    parts = [TASK_HEADER.format(task=task, text=wrap(text + defaults))]
 
-    def task_default(key: str, default: ast.expr) -> str:
-        changed, value = task.default_of(key)
-        return describe_value(value) if changed else describe_default(default, task.constants)
+    def own_default(key: str, field: dict) -> str:
+        changed, value = task_default(report, key)
+        if changed:
+            return describe_value(value)
+        return describe_value(field["default"], answer_of(field["written_as"], task))
 
-    constants = module_constants(tree, imported=task.constants)  # CHOICES with the task's merged
-    for section, class_name in own:
-        cls = task.classes[class_name]
-        parts.append(table(section, class_name, cls, constants, "###", task_default))
+    for section in own:
+        parts.append(table(section, report, "###", own_default))
     return "".join(parts)
 
 
-def render(path: Path = CONFIG_PY) -> str:
-    """Return the full text of docs/configuration.md for the config.py at `path` and the tasks."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    classes = _class_defs(tree)
-    all_sections = sections(tree)
-    shared = [(section, name) for section, name in all_sections if name in classes]
-    own = [(section, name) for section, name in all_sections if name not in classes]
-    task_list = [Task(name, package) for name, package in tasks().items()]
-    constants = module_constants(tree, imported=task_list[0].constants)
+def shared_sections(reports: dict[str, dict]) -> list[dict]:
+    """The sections every task shares, which every bake must hold alike."""
+    first, *others = (
+        [section for section in report["sections"] if section["shared"]]
+        for report in reports.values()
+    )
+    for task, sections in zip(list(reports)[1:], others, strict=True):
+        if sections != first:
+            raise RuntimeError(f"task={task} bakes other shared sections than the default task")
+    return first
 
-    def shared_default(key: str, default: ast.expr) -> str:
-        """The shared default, then each task's own where its DEFAULTS change it."""
-        value = default_value(default, constants)
-        cell = describe_value(value)
-        for task in task_list:
-            changed, task_value = task.default_of(key)
-            if changed and task_value != value:
-                cell += f" ({task.name}: {describe_value(task_value)})"
+
+def render(reports: dict[str, dict] | None = None) -> str:
+    """Return the full text of docs/configuration.md for each task's configuration (read_tasks)."""
+    reports = reports or read_tasks()
+    default_task, default_report = next(iter(reports.items()))
+    shared = shared_sections(reports)
+
+    def shared_default(key: str, field: dict) -> str:
+        """The shared default, then each task's own where its SPEC.defaults change it."""
+        cell = describe_value(field["default"], answer_of(field["written_as"], default_task))
+        for task, report in reports.items():
+            changed, value = task_default(report, key)
+            if changed and value != field["default"]:
+                cell += f" ({task}: {describe_value(value)})"
         return cell
 
+    own = [section["name"] for section in default_report["sections"] if not section["shared"]]
+    base = [
+        f"`{section}.{name}`" for section, names in default_report["base"].items() for name in names
+    ]
     intro = INTRO.format(
-        shared=", ".join(f"`{section}`" for section, _ in shared),
-        task=" and ".join(f"`{section}`" for section, _ in own),
+        shared=", ".join(f"`{section['name']}`" for section in shared),
+        task=" and ".join(f"`{name}`" for name in own),
+        base=", ".join(base),
     )
     parts = [HEADER.format(intro=wrap(intro))]
-    for section, class_name in shared:
-        cls = classes[class_name]
-        parts.append(table(section, class_name, cls, constants, "##", shared_default))
-    parts += [render_task(task, tree, own) for task in task_list]
+    for section in shared:
+        parts.append(table(section, default_report, "##", shared_default))
+    parts += [render_task(task, report) for task, report in reports.items()]
     return "".join(parts)
 
 

@@ -57,7 +57,8 @@ def remove_kubernetes(root: Path = Path()) -> None:
     shutil.rmtree(root / "scripts" / "kubernetes")
 
 
-TASKS_DIR = "tasks"  # tasks/<task>/ holds everything one task owns, at the paths it takes in the project
+# tasks/<task>/ holds everything one task owns, at the paths it takes in the project.
+TASKS_DIR = "tasks"
 
 
 def use_task(task: str, root: Path = Path()) -> None:
@@ -75,7 +76,8 @@ def use_task(task: str, root: Path = Path()) -> None:
     for source in sorted(path for path in chosen.rglob("*") if path.is_file()):
         target = root / source.relative_to(chosen)
         if target.exists():
-            raise ValueError(f"task {task!r} would replace the engine's {target.relative_to(root)}.")
+            taken = target.relative_to(root)
+            raise ValueError(f"task {task!r} would replace the engine's {taken}.")
         target.parent.mkdir(parents=True, exist_ok=True)
         source.replace(target)
     shutil.rmtree(tasks)

@@ -26,12 +26,13 @@ ENGINE = [
     *("torch_private", "ckpt/__init__", "ckpt/files", "ckpt/checkpoint", "ckpt/sharded"),
     *("ckpt/restore", "parallel/__init__", "parallel/distributed", "parallel/meta_init"),
     "parallel/recompute",
+    *("sweep/__init__", "sweep/config", "sweep/study", "sweep/trial", "sweep/report"),
 ]
 ENGINE_TESTS = [
     *("checkpoint", "config", "device_loader", "distributed", "ema", "errors", "faults"),
     *("launcher", "monitor", "plot", "profiler", "provenance", "recompute", "resume", "scale"),
     "sharded",
-    *("state", "sweep", "torch_private", "trackers", "train"),
+    *("state", "sweep", "torch_private", "trackers"),
 ]
 EXPECTED_FILES = frozenset(
     {
@@ -62,7 +63,7 @@ TASK_FILES = {
         *TASK_CONFIGS,
         *(f"src/PKG/task/{module}.py" for module in TASK_MODULES),
         *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_model", "test_metrics")),
-        *(f"tests/task/{name}.py" for name in ("test_export", "test_evaluate")),
+        *(f"tests/task/{name}.py" for name in ("test_export", "test_evaluate", "test_train")),
     },
     "language-model": {
         *TASK_CONFIGS,
@@ -71,7 +72,7 @@ TASK_FILES = {
         "src/PKG/prepare.py",
         "src/PKG/generate.py",
         *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_model", "test_commands")),
-        "tests/task/data/flat_layout_step_3.pt",  # a checkpoint of the layout before task/ and engine/
+        "tests/task/data/flat_layout_step_3.pt",  # a checkpoint of the flat layout, before task/
     },
 }
 CI_FILES = frozenset({".github/workflows/ci.yml"})

@@ -49,8 +49,8 @@ def _stub(path, text):
 
 
 def _baked_tiny_config(project: Path) -> list[str]:
-    """The baked project's own seconds-long CPU overrides (TINY in its tests/tiny.py)."""
-    tree = ast.parse((project / "tests" / "tiny.py").read_text())
+    """The baked project's own seconds-long CPU overrides (TINY in its tests/task/tiny.py)."""
+    tree = ast.parse((project / "tests" / "task" / "tiny.py").read_text())
     assignment = next(
         n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "TINY"
     )

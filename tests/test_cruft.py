@@ -221,7 +221,8 @@ def test_update_leaves_skipped_paths_alone(tmp_path, git_env):
         for name in project_files(project / "configs")
     }
 
-    default_yaml = baked.template / "{{cookiecutter.project_slug}}" / "configs" / "default.yaml"
+    task = baked.template / "{{cookiecutter.project_slug}}" / "tasks" / "image-classification"
+    default_yaml = task / "configs" / "default.yaml"
     with default_yaml.open("a", encoding="utf-8") as handle:
         handle.write("# A template-wide default the project has opted out of.\n")
     _change_template(baked.template, git_env)

@@ -1,28 +1,85 @@
-"""The template's docs are current with cookiecutter.json and config.py and build cleanly."""
+"""The template's docs are current with cookiecutter.json and the baked projects, and build cleanly.
+
+What a baked project holds (its configuration, its task's SPEC, the seam between the engine and the
+task, its files) is read from real bakes: each `task` answer is baked once for this module and a
+child process imports the bake's package and reports (FACTS), independently of the docs' own
+generator scripts.
+"""
 
 import ast
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, project_files
 
 DOCS = ROOT / "docs"
-PROJECT = ROOT / "{{cookiecutter.project_slug}}"
-PACKAGE = Path("src") / "{{cookiecutter.package_name}}"
-PACKAGE_SRC = PROJECT / PACKAGE
-# Each task's own modules, by the `task` answer: the project as shipped is the default task's;
-# another task's files sit in tasks/<task>/ at the paths the bake moves them to.
 TASK_CHOICES = json.loads((ROOT / "cookiecutter.json").read_text(encoding="utf-8"))["task"]
 DEFAULT_TASK = TASK_CHOICES[0]
-TASK_SRC = {
-    task: PACKAGE_SRC if task == DEFAULT_TASK else PROJECT / "tasks" / task / PACKAGE
-    for task in TASK_CHOICES
+
+# Run in a baked project with src/ on sys.path; argv: the package name and the output file.
+FACTS = r"""
+import dataclasses, importlib, json, sys
+
+package, out = sys.argv[1:]
+config = importlib.import_module(f"{package}.engine.config")
+rundir = importlib.import_module(f"{package}.engine.rundir")
+seam = importlib.import_module(f"{package}.engine.seam")
+task = importlib.import_module(f"{package}.task.task")
+spec = config.TASK
+
+
+def public(cls):
+    return [name for name in vars(cls) if not name.startswith("_")]
+
+
+facts = {
+    "package": package,
+    "sections": {
+        section.name: [field.name for field in dataclasses.fields(section.default_factory)]
+        for section in dataclasses.fields(config.Config)
+    },
+    "shared": [
+        section.name
+        for section in dataclasses.fields(config.Config)
+        if section.default_factory.__module__ == config.__name__
+    ],
+    "choices": config.CHOICES,
+    "spec": {
+        "metrics": spec.metrics,
+        "monitor": spec.monitor,
+        "defaults": spec.defaults,
+        "resume_may_change": list(spec.resume_may_change),
+    },
+    "resume_may_change": list(rundir.RESUME_MAY_CHANGE),
+    "seam_task": [[name, name in seam.Task.__abstractmethods__] for name in public(seam.Task)],
+    "spec_fields": [
+        [field.name, (field.default, field.default_factory) == (dataclasses.MISSING,) * 2]
+        for field in dataclasses.fields(seam.TaskSpec)
+    ],
+    "base": {
+        "data": [field.name for field in dataclasses.fields(seam.DataBase)],
+        "model": [field.name for field in dataclasses.fields(seam.ModelBase)],
+    },
+    "batch_size": {"base": seam.DataBase().batch_size, "task": spec.data().batch_size},
+    "task_class": {
+        "subclass": issubclass(task.Task, seam.Task)
+        and issubclass(spec.data, seam.DataBase)
+        and issubclass(spec.model, seam.ModelBase),
+        "abstract_left": sorted(task.Task.__abstractmethods__),
+        "own": public(task.Task),
+    },
 }
+with open(out, "w", encoding="utf-8") as file:
+    json.dump(facts, file)
+"""
 
 
 def _load_docs_script(name: str):
@@ -33,88 +90,79 @@ def _load_docs_script(name: str):
     return module
 
 
-def _load_gen_options():
-    """Import docs/gen_options.py as a module."""
-    return _load_docs_script("gen_options")
+def _bake(task: str, into: Path) -> Path:
+    """A project baked with the default answers and `task`; no user settings play a part."""
+    from cookiecutter.main import cookiecutter
+
+    settings = {
+        "cookiecutters_dir": str(into / "cookiecutters"),
+        "replay_dir": str(into / "replay"),
+    }
+    return Path(
+        cookiecutter(
+            str(ROOT),
+            no_input=True,
+            extra_context={"task": task},
+            output_dir=str(into / task),
+            default_config=settings,
+        )
+    )
 
 
-def _module(path: Path) -> ast.Module:
-    """A module of the generated project, parsed: never imported (Jinja in it, torch imports)."""
-    return ast.parse(path.read_text(encoding="utf-8"))
+def _facts(project: Path, out: Path) -> dict:
+    """FACTS, run in the baked project."""
+    (package,) = {path.name for path in (project / "src").iterdir() if (path / "engine").is_dir()}
+    completed = subprocess.run(
+        [sys.executable, "-c", FACTS, package, str(out)],
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": str(project / "src")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return {**json.loads(out.read_text(encoding="utf-8")), "path": project}
 
 
-def _classes(path: Path) -> dict[str, ast.ClassDef]:
-    """The top-level classes of a module by name."""
-    return {node.name: node for node in _module(path).body if isinstance(node, ast.ClassDef)}
+@pytest.fixture(scope="module")
+def baked(tmp_path_factory) -> dict[str, dict]:
+    """Each task's bake and its FACTS, by `task` answer, the default first."""
+    tmp = tmp_path_factory.mktemp("docs-bakes")
+    projects = {task: _bake(task, tmp) for task in TASK_CHOICES}
+    with ThreadPoolExecutor(len(projects)) as pool:
+        facts = {
+            task: pool.submit(_facts, path, tmp / f"{task}.json") for task, path in projects.items()
+        }
+        return {task: future.result() for task, future in facts.items()}
 
 
-def _constant(path: Path, name: str) -> ast.expr:
-    """The expression a module assigns to the top-level `name`."""
-    for node in _module(path).body:
-        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-        if getattr(target, "id", None) == name and node.value is not None:
-            return node.value
-    raise AssertionError(f"{path.name} has no {name}")
+@pytest.fixture(scope="module")
+def gen_config():
+    """docs/gen_config.py, imported once (it bakes and reads each task once, then caches)."""
+    return _load_docs_script("gen_config")
 
 
-def _config_fields(task: str = DEFAULT_TASK) -> dict[str, list[str]]:
-    """Each section of a task's Config and its field names, in Config's order.
-
-    config.py defines the shared sections' dataclasses; the task's task_config.py the others."""
-    classes = _classes(PACKAGE_SRC / "config.py")
-    classes |= _classes(TASK_SRC[task] / "task_config.py")
-    fields = {}
-    for node in classes["Config"].body:
-        if isinstance(node, ast.AnnAssign):
-            factory = next(kw.value.id for kw in node.value.keywords if kw.arg == "default_factory")
-            fields[node.target.id] = [
-                leaf.target.id for leaf in classes[factory].body if isinstance(leaf, ast.AnnAssign)
-            ]
-    return fields
+@pytest.fixture(scope="module")
+def reference(gen_config) -> str:
+    """docs/configuration.md as docs/gen_config.py generates it now."""
+    return gen_config.render()
 
 
-def _shared_sections() -> list[str]:
-    """The sections of Config whose dataclass config.py itself defines, in Config's order."""
-    classes = _classes(PACKAGE_SRC / "config.py")
-    return [
-        node.target.id
-        for node in classes["Config"].body
-        if isinstance(node, ast.AnnAssign)
-        and next(kw.value.id for kw in node.value.keywords if kw.arg == "default_factory")
-        in classes
-    ]
-
-
-def _all_config_keys() -> set[str]:
+def _all_config_keys(baked: dict) -> set[str]:
     """Every dotted key of any task's configuration."""
     return {
         f"{section}.{name}"
-        for task in TASK_SRC
-        for section, names in _config_fields(task).items()
+        for facts in baked.values()
+        for section, names in facts["sections"].items()
         for name in names
     }
 
 
-def _config_choices(task: str = DEFAULT_TASK) -> dict[str, tuple]:
-    """The CHOICES of config.py, with the task_config.CHOICES it merges in taken from `task`."""
-    node = _constant(PACKAGE_SRC / "config.py", "CHOICES")
-    choices = {}
-    for key, value in zip(node.keys, node.values, strict=True):
-        if key is None:  # **task_config.CHOICES
-            assert ast.unparse(value) == "task_config.CHOICES", ast.unparse(value)
-            task_choices = _constant(TASK_SRC[task] / "task_config.py", "CHOICES")
-            choices.update(ast.literal_eval(task_choices))
-        else:
-            choices[ast.literal_eval(key)] = ast.literal_eval(value)
-    return choices
-
-
-def _task_defaults(task: str) -> dict[str, object]:
-    """The task's own defaults of shared keys (task_config.DEFAULTS), by dotted key."""
-    defaults = ast.literal_eval(_constant(TASK_SRC[task] / "task_config.py", "DEFAULTS"))
+def _task_defaults(facts: dict) -> dict[str, object]:
+    """The task's own defaults of shared keys (its SPEC.defaults), by dotted key."""
     return {
         f"{section}.{name}": value
-        for section, values in defaults.items()
+        for section, values in facts["spec"]["defaults"].items()
         for name, value in values.items()
     }
 
@@ -139,36 +187,6 @@ def _reference_default(markdown: str, task: str, key: str) -> str:
     """The default the reference gives `key` in a project of `task`, as its cell shows it."""
     cell = _cells(_table_row(_reference(markdown, task), key))[2]
     return dict(TASK_DEFAULT.findall(cell)).get(task, TASK_DEFAULT.sub("", cell))
-
-
-def _task_interface(task: str) -> list[str]:
-    """The public class attributes and methods of a task's task.Task, in order."""
-    task_class = _classes(TASK_SRC[task] / "task.py")["Task"]
-    names = []
-    for node in task_class.body:
-        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
-            names.append(node.name)
-        elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            names.append(node.targets[0].id)
-    return names
-
-
-def _task_constant(task: str, name: str) -> object:
-    """A class attribute of a task's task.Task, e.g. MONITOR."""
-    task_class = _classes(TASK_SRC[task] / "task.py")["Task"]
-    for node in task_class.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name:
-            return ast.literal_eval(node.value)
-    raise AssertionError(f"{task}: Task has no {name}")
-
-
-def _val_metrics(task: str) -> dict:
-    """A task's task_config.VAL_METRICS: the metrics trainer.monitor may name."""
-    tree = ast.parse((TASK_SRC[task] / "task_config.py").read_text(encoding="utf-8"))
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "VAL_METRICS":
-            return ast.literal_eval(node.value)
-    raise AssertionError(f"{task}: task_config.py has no VAL_METRICS")
 
 
 def _table_row(markdown: str, key: str) -> str:
@@ -207,16 +225,24 @@ def _code_spans(markdown: str) -> list[str]:
     return re.findall(r"```.*?```|`[^`\n]+`", markdown, re.S)
 
 
+def _marked(page: str, name: str) -> str:
+    """The text between `<!-- name: ... -->` and `<!-- /name -->` on a docs page."""
+    text = (DOCS / page).read_text(encoding="utf-8")
+    found = re.search(rf"<!-- {name}:.*?-->(.*?)<!-- /{name} -->", text, re.S)
+    assert found, f"docs/{page} has no {name} list"
+    return found[1]
+
+
 def test_options_table_matches_cookiecutter_json():
     """docs/options.md is exactly what docs/gen_options.py generates from cookiecutter.json."""
-    gen_options = _load_gen_options()
+    gen_options = _load_docs_script("gen_options")
     committed = (ROOT / "docs" / "options.md").read_text(encoding="utf-8")
     assert committed == gen_options.render(), "run: python docs/gen_options.py"
 
 
 def test_options_table_lists_every_question():
     """Every question in cookiecutter.json has a row in the options table."""
-    gen_options = _load_gen_options()
+    gen_options = _load_docs_script("gen_options")
     table = gen_options.render()
     for name in gen_options.default_answers():
         if not name.startswith("_"):
@@ -246,76 +272,165 @@ def test_pitfalls_table_numbers_every_pitfall():
     assert numbers == list(range(1, 49))
 
 
-def test_pitfalls_table_names_only_tests_that_exist():
-    """Every test the pitfalls table cites is a test function of a generated project (any task)."""
-    import re
-
+def test_pitfalls_table_names_tests_where_they_are(baked):
+    """Every test the pitfalls table cites is a test function of a baked project (either task), and
+    a test file named after it, as in "`test_x`, `test_y` (test_train.py)", defines it."""
     text = (ROOT / "docs" / "pitfalls.md").read_text(encoding="utf-8")
-    cited = set(re.findall(r"`(test_\w+)", text))
-    project = ROOT / "{{cookiecutter.project_slug}}"
-    defined = set()
-    for path in [*project.glob("tests/test_*.py"), *project.glob("tasks/*/tests/test_*.py")]:
-        defined |= set(re.findall(r"^def (test_\w+)", path.read_text(encoding="utf-8"), re.M))
-    assert cited, "the table cites no tests"
-    assert cited <= defined, sorted(cited - defined)
+    defined: dict[str, set[str]] = {}  # test function -> the names of the files that define it
+    for facts in baked.values():
+        for path in (facts["path"] / "tests").rglob("test_*.py"):
+            for name in re.findall(r"^def (test_\w+)", path.read_text(encoding="utf-8"), re.M):
+                defined.setdefault(name, set()).add(path.name)
+    cited, placed = set(), []
+    for line in text.splitlines():
+        if not line.startswith("| ") or not line.split("|")[1].strip().isdigit():
+            continue
+        waiting = []  # tests cited since the last file name
+        for test, file in re.findall(r"`(test_\w+)[^`]*`|\((test_\w+\.py)", _cells(line)[-1]):
+            if test:
+                cited.add(test)
+                waiting.append(test)
+            else:
+                placed += [(test, file) for test in waiting]
+                waiting = []
+    assert len(cited) >= 30 and len(placed) >= 30, (len(cited), len(placed))
+    assert cited <= set(defined), sorted(cited - set(defined))
+    misplaced = [(test, file) for test, file in placed if file not in defined[test]]
+    assert not misplaced, [(test, file, sorted(defined[test])) for test, file in misplaced]
 
 
-def test_configuration_reference_matches_config_py():
-    """docs/configuration.md is exactly what docs/gen_config.py generates from config.py."""
-    gen_config = _load_docs_script("gen_config")
+def _template_files() -> set[str]:
+    """The template's own files, relative to its root: no hidden, build or cache folders."""
+    found = set()
+    for dirpath, dirnames, filenames in os.walk(ROOT):
+        dirnames[:] = [
+            name
+            for name in dirnames
+            if not name.startswith(".") and name not in {"build", "site", "__pycache__"}
+        ]
+        for name in filenames:
+            path = (Path(dirpath) / name).relative_to(ROOT).as_posix()
+            found |= {path, path.replace("{{cookiecutter.package_name}}", "<package>")}
+    return found
+
+
+# Where a docs page may name a .py file that no bake and no template file is: torch's own.
+FOREIGN_PY = ("torch/",)
+PY_FILE = re.compile(r"(?<![\w/.<>{}-])([\w<>{}./-]*\w\.py)\b")
+# What docs/updating.md says about the flat layout: the names of files that no longer exist.
+OLD_LAYOUT = re.compile(r"<!-- old-layout:.*?-->.*?<!-- /old-layout -->", re.S)
+
+
+def test_docs_name_only_files_that_exist(baked):
+    """Every `something.py` a docs page names is a file of a baked project (either task; with
+    `<package>` for the package) or of the template, by its path from the root or the tail of it:
+    no module path from an older layout survives (`task_config.py`, `src/<package>/config.py`)
+    but in the marked section of docs/updating.md that tells what moved, where they are gone."""
+    known = set()
+    for facts in baked.values():
+        for path in project_files(facts["path"]):
+            known |= {path, path.replace(f"src/{facts['package']}/", "src/<package>/")}
+    known |= _template_files()
+
+    def exists(path: str) -> bool:
+        return any(file == path or file.endswith("/" + path) for file in known)
+
+    named, old = {}, set()
+    for page in sorted(DOCS.glob("*.md")):
+        text = page.read_text(encoding="utf-8")
+        old_layout = OLD_LAYOUT.findall(text)
+        old |= {path for block in old_layout for path in PY_FILE.findall(block)}
+        for path in PY_FILE.findall(OLD_LAYOUT.sub("", text)):
+            named.setdefault(path, page.name)
+    assert {"engine/seam.py", "task/config.py"} <= set(named), sorted(named)
+    missing = {
+        path: page
+        for path, page in named.items()
+        if not path.startswith(FOREIGN_PY) and not exists(path)
+    }
+    assert not missing, missing
+    assert {"task_config.py", "model_init.py"} <= {path for path in old if not exists(path)}, old
+
+
+def test_configuration_reference_matches_the_baked_configuration(reference):
+    """docs/configuration.md is exactly what docs/gen_config.py generates from the bakes."""
     committed = (DOCS / "configuration.md").read_text(encoding="utf-8")
-    assert committed == gen_config.render(), "run: python docs/gen_config.py"
+    assert committed == reference, "run: python docs/gen_config.py"
 
 
-def test_configuration_reference_lists_every_field():
+def test_configuration_reference_check_mode_reports_a_stale_page(gen_config, reference, tmp_path):
+    """`gen_config.py --check` exits 0 for a current page, 1 for a stale one, and writes nothing."""
+    page = tmp_path / "configuration.md"
+    gen_config.CONFIGURATION_MD, real = page, gen_config.CONFIGURATION_MD
+    try:
+        page.write_text(reference, encoding="utf-8")
+        assert gen_config.main(["--check"]) == 0
+        stale = reference.replace("| `run.seed` |", "| `run.sed` |")
+        page.write_text(stale, encoding="utf-8")
+        assert gen_config.main(["--check"]) == 1
+        assert page.read_text(encoding="utf-8") == stale
+    finally:
+        gen_config.CONFIGURATION_MD = real
+
+
+def test_configuration_reference_lists_every_field(baked, reference):
     """The shared sections come once, then each task's own sections; every field has a full row."""
-    table = _load_docs_script("gen_config").render()
-    shared, tasks = _reference_parts(table)
-    assert re.findall(r"^## (\w+)$", shared, re.M) == _shared_sections()
+    shared, tasks = _reference_parts(reference)
+    default_shared = baked[DEFAULT_TASK]["shared"]
+    assert re.findall(r"^## (\w+)$", shared, re.M) == default_shared
     assert list(tasks) == TASK_CHOICES
     for task, part in tasks.items():
-        fields = _config_fields(task)
-        own = [section for section in fields if section not in _shared_sections()]
+        facts = baked[task]
+        assert facts["shared"] == default_shared, task
+        own = [section for section in facts["sections"] if section not in facts["shared"]]
         assert own == ["data", "model"], task
         assert re.findall(r"^### (\w+)$", part, re.M) == own, task
-        reference = _reference(table, task)
-        for section, names in fields.items():
+        for section, names in facts["sections"].items():
             for name in names:
-                key, type_, default, _, meaning = _cells(_table_row(reference, f"{section}.{name}"))
+                row = _table_row(_reference(reference, task), f"{section}.{name}")
+                key, type_, default, _, meaning = _cells(row)
                 assert type_ and default and meaning, (task, key)
 
 
-def test_configuration_reference_shows_allowed_values():
+def test_configuration_reference_shows_allowed_values(baked, reference):
     """Every key with a fixed set of values lists exactly those values in its row, in each task."""
-    table = _load_docs_script("gen_config").render()
-    for task in TASK_SRC:
-        choices = _config_choices(task)
+    for task, facts in baked.items():
+        choices = facts["choices"]
         assert "data.name" in choices and "run.device" in choices, task
         for key, allowed in choices.items():
-            allowed_cell = _cells(_table_row(_reference(table, task), key))[3]
+            allowed_cell = _cells(_table_row(_reference(reference, task), key))[3]
             assert allowed_cell == ", ".join(f"`{value}`" for value in allowed), (task, key)
 
 
-def test_configuration_reference_shows_each_tasks_own_defaults_of_shared_keys():
-    """A default a task's DEFAULTS change (the language model's optim.lr) is shown for that task."""
-    gen_config = _load_docs_script("gen_config")
-    table = gen_config.render()
-    changed = {task: _task_defaults(task) for task in TASK_SRC}
+def test_configuration_reference_shows_each_tasks_own_defaults_of_shared_keys(
+    baked, reference, gen_config
+):
+    """A default a task's SPEC.defaults change (the language model's optim.lr) is shown for it."""
+    changed = {task: _task_defaults(facts) for task, facts in baked.items()}
     assert changed[DEFAULT_TASK] == {}
     assert {"optim.lr", "trainer.max_steps", "trainer.val_every"} <= set(changed["language-model"])
     for task, defaults in changed.items():
         for key, value in defaults.items():
-            shown = _reference_default(table, task, key)
+            shown = _reference_default(reference, task, key)
             assert shown == f"`{gen_config.literal(value)}`", (task, key)
-    assert _reference_default(table, DEFAULT_TASK, "optim.lr") == "`0.002`"
+    assert _reference_default(reference, DEFAULT_TASK, "optim.lr") == "`0.002`"
 
 
-def test_configuration_reference_shows_the_baked_tracker_default():
+def test_configuration_reference_shows_a_tasks_own_default_of_an_engine_key(baked, reference):
+    """A task that declares a key of the engine's DataBase again (data.batch_size) shows its own
+    default for it, not the base class's."""
+    shown = {task: _reference_default(reference, task, "data.batch_size") for task in baked}
+    assert shown == {task: f"`{facts['batch_size']['task']}`" for task, facts in baked.items()}
+    assert any(
+        facts["batch_size"]["task"] != facts["batch_size"]["base"] for facts in baked.values()
+    )
+
+
+def test_configuration_reference_shows_the_baked_tracker_default(reference):
     """The tracker's default is shown as the cookiecutter answer and its default, not as Jinja."""
-    table = _load_docs_script("gen_config").render()
-    row = _table_row(table, "tracker.name")
+    row = _table_row(reference, "tracker.name")
     assert "the `tracker` answer (default `none`)" in row
-    assert "{{" not in table and "{%" not in table
+    assert "{{" not in reference and "{%" not in reference
 
 
 def test_nav_pages_exist():
@@ -330,19 +445,35 @@ def test_nav_pages_exist():
 # Dotted names in the docs' code that look like config keys but are not meant as one.
 NOT_CONFIG_KEYS = {
     "data.batch_sz",  # the unknown-key error example
-    "distributed.gradient_sync",  # a function of distributed.py
-    # keys of the example third task that docs/tasks.md writes out in full
-    "data.features",
-    "data.noise",
-    "model.hidden",
+    "distributed.gradient_sync",  # a function of engine/parallel/distributed.py
 }
+EXAMPLE_TASK = ROOT / "docs" / "examples" / "regression"
+
+
+def _example_task_names() -> tuple[set[str], set[str]]:
+    """The config keys and the metrics of the example task that docs/tasks.md shows in full (its
+    files are real: tests/test_example_task.py bakes and trains them)."""
+    config = ast.parse((EXAMPLE_TASK / "task" / "config.py").read_text(encoding="utf-8"))
+    sections = {"DataConfig": "data", "ModelConfig": "model"}
+    keys = {
+        f"{sections[node.name]}.{leaf.target.id}"
+        for node in config.body
+        if isinstance(node, ast.ClassDef) and node.name in sections
+        for leaf in node.body
+        if isinstance(leaf, ast.AnnAssign)
+    }
+    code = (EXAMPLE_TASK / "task" / "task.py").read_text(encoding="utf-8")
+    metrics = set(re.findall(r'"((?:val|train)/\w+)"', code))
+    return keys, metrics
+
+
 FILE_SUFFIXES = {"json", "jsonl", "lock", "md", "pt", "py", "safetensors", "yaml"}
 
 
-def test_docs_cite_only_real_config_keys():
+def test_docs_cite_only_real_config_keys(baked):
     """Every `section.key` a docs page puts in code is a key of some task's configuration."""
-    known = _all_config_keys()
-    sections = "|".join(_config_fields())
+    known = _all_config_keys(baked)
+    sections = "|".join(baked[DEFAULT_TASK]["sections"])
     pattern = re.compile(rf"(?<![\w/.-])((?:{sections})\.([a-z_]+))(?![\w(])")
     cited = {}
     for page in sorted(DOCS.glob("*.md")):
@@ -351,40 +482,45 @@ def test_docs_cite_only_real_config_keys():
                 if leaf not in FILE_SUFFIXES:
                     cited.setdefault(key, page.name)
     assert {"data.batch_size", "data.seq_len", "trainer.val_every"} <= set(cited)
-    unknown = {key: page for key, page in cited.items() if key not in known | NOT_CONFIG_KEYS}
+    example_keys, _ = _example_task_names()
+    assert {"data.noise", "model.hidden"} <= example_keys
+    allowed = known | NOT_CONFIG_KEYS | example_keys
+    unknown = {key: page for key, page in cited.items() if key not in allowed}
     assert not unknown, unknown
 
 
-def test_docs_cite_only_metrics_the_project_logs():
-    """Every train/, val/ or perf/ metric the docs name is a key some task's generated code writes.
+def test_docs_cite_only_metrics_the_project_logs(baked):
+    """Every train/, val/ or perf/ metric the docs name is a key some task's baked code writes.
 
-    train.py logs the best value of the monitored metric val/<x> so far as val/best_<x>; a task's
-    trainer.monitor may be any of its task_config.VAL_METRICS (by default its Task.MONITOR)."""
-    train_py = (PACKAGE_SRC / "train.py").read_text(encoding="utf-8")
-    assert '"val/best_" + monitor' in train_py, "train.py no longer builds val/best_<x>"
-    best = {
-        "val/best_" + metric.split("/", 1)[1] for task in TASK_SRC for metric in _val_metrics(task)
-    }
-    defaults = {_task_constant(task, "MONITOR") for task in TASK_SRC}
-    # the docs name these
-    defaults_best = {"val/best_" + metric.split("/", 1)[1] for metric in defaults}
-    assert defaults_best <= best
-    assert {"val/best_acc", "val/best_loss"} <= best
+    The engine logs the best value of the monitored metric val/<x> so far as val/best_<x>; a task's
+    trainer.monitor may be any metric of its SPEC.metrics (by default SPEC.monitor)."""
     source = "\n".join(
         path.read_text(encoding="utf-8")
-        for package in dict.fromkeys([PACKAGE_SRC, *TASK_SRC.values()])
-        for path in sorted(package.glob("*.py"))
+        for facts in baked.values()
+        for path in sorted((facts["path"] / "src").rglob("*.py"))
     )
+    assert '"val/best_" + monitor' in source, "the engine no longer builds val/best_<x>"
+    best = {
+        "val/best_" + metric.split("/", 1)[1]
+        for facts in baked.values()
+        for metric in facts["spec"]["metrics"]
+    }
+    defaults_best = {
+        "val/best_" + facts["spec"]["monitor"].split("/", 1)[1] for facts in baked.values()
+    }
+    assert {"val/best_acc", "val/best_loss"} <= defaults_best <= best
     pattern = re.compile(r"(?<![\w/.<-])((?:train|val|perf)/\w+)")
     cited = {}
     for page in sorted(DOCS.glob("*.md")):
         for metric in pattern.findall(page.read_text(encoding="utf-8")):
             cited.setdefault(metric, page.name)
     assert {"perf/samples_per_s", "perf/tokens_per_s", "val/bpb", *defaults_best} <= set(cited)
+    _, example_metrics = _example_task_names()
+    assert "val/mae" in example_metrics
     unknown = {
         metric: page
         for metric, page in cited.items()
-        if f'"{metric}"' not in source and metric not in best
+        if f'"{metric}"' not in source and metric not in best | example_metrics
     }
     assert not unknown, unknown
 
@@ -396,18 +532,17 @@ def _task_scopes(markdown: str) -> list[tuple[str, str]]:
     first, *rest = re.split(r"^(#{1,6}) (.*)$", prose, flags=re.M)
     scopes, enclosing = [(DEFAULT_TASK, first)], []
     for hashes, title, body in zip(rest[0::3], rest[1::3], rest[2::3], strict=True):
-        named = [task for task in TASK_SRC if re.search(task.replace("-", "[ -]"), title, re.I)]
+        named = [task for task in TASK_CHOICES if re.search(task.replace("-", "[ -]"), title, re.I)]
         enclosing = [(level, task) for level, task in enclosing if level < len(hashes)]
         enclosing.append((len(hashes), named[0] if named else None))
         scopes.append((next((t for _, t in reversed(enclosing) if t), DEFAULT_TASK), body))
     return scopes
 
 
-def test_guides_state_the_defaults_config_py_has():
+def test_guides_state_the_defaults_the_configuration_has(baked, reference):
     """Every default a docs page states for a config key is the one the configuration gives it,
     for the task the page is talking about there (the default task unless a heading names one)."""
-    table = _load_docs_script("gen_config").render()
-    sections = "|".join(_config_fields())
+    sections = "|".join(baked[DEFAULT_TASK]["sections"])
     patterns = [
         re.compile(rf"`((?:{sections})\.\w+)` \(default `?([^`)]+)`?\)"),
         re.compile(rf"`((?:{sections})\.\w+)=([^`]+)`,? \(?the default"),
@@ -422,33 +557,67 @@ def test_guides_state_the_defaults_config_py_has():
                 (page.name, task, *found) for pattern in patterns for found in pattern.findall(text)
             ]
     assert len(stated) >= 3, stated
-    assert {task for _, task, _, _ in stated} == set(TASK_SRC), stated
+    assert {task for _, task, _, _ in stated} == set(TASK_CHOICES), stated
     for page, task, key, value in stated:
-        default = _reference_default(table, task, key)
+        default = _reference_default(reference, task, key)
         assert default.strip("`") == value, f"{page}: {key} (default {value}), {task}: {default}"
 
 
-def test_resume_allow_list_in_the_docs_is_the_one_in_rundir_py():
-    """docs/fault-tolerance.md lists exactly the keys that rundir.RESUME_MAY_CHANGE holds."""
-    tree = ast.parse((PACKAGE_SRC / "rundir.py").read_text(encoding="utf-8"))
-    allowed = next(
-        ast.literal_eval(node.value)
-        for node in tree.body
-        if isinstance(node, ast.Assign)
-        and getattr(node.targets[0], "id", None) == "RESUME_MAY_CHANGE"
+def test_resume_allow_list_in_the_docs_is_the_engines_and_each_tasks(baked):
+    """docs/fault-tolerance.md lists exactly the keys engine/rundir.py's RESUME_MAY_CHANGE holds,
+    then for each task exactly those of its SPEC.resume_may_change."""
+    engine = baked[DEFAULT_TASK]["resume_may_change"]
+    assert all(facts["resume_may_change"] == engine for facts in baked.values())
+    assert re.findall(r"`([^`]+)`", _marked("fault-tolerance.md", "resume-may-change")) == engine
+    listed = {
+        task: re.findall(r"`([^`]+)`", keys)
+        for task, keys in re.findall(
+            r"^- `([\w-]+)`: (.*)$", _marked("fault-tolerance.md", "task-resume-may-change"), re.M
+        )
+    }
+    assert listed == {task: facts["spec"]["resume_may_change"] for task, facts in baked.items()}
+    assert all(listed.values()), listed
+
+
+def test_task_interface_in_the_docs_is_the_seams(baked):
+    """docs/tasks.md lists exactly the public methods of engine/seam.py's Task, in order, marking
+    those every task must write (the abstract ones); each task's Task is a seam.Task that leaves
+    none of them unwritten and adds no public name of its own the engine would never call."""
+    seam_task = baked[DEFAULT_TASK]["seam_task"]
+    assert sum(required for _, required in seam_task) >= 4, seam_task
+    listed = re.findall(
+        r"^- `(\w+)[^`]*`( \(required\))?:", _marked("tasks.md", "task-interface"), re.M
     )
-    text = (DOCS / "fault-tolerance.md").read_text(encoding="utf-8")
-    listed = re.search(r"<!-- resume-may-change:.*?-->(.*?)<!-- /resume-may-change -->", text, re.S)
-    assert listed, "docs/fault-tolerance.md has no resume-may-change list"
-    assert re.findall(r"`([^`]+)`", listed[1]) == list(allowed)
+    assert [(name, bool(required)) for name, required in listed] == [
+        (name, required) for name, required in seam_task
+    ]
+    interface = {name for name, _ in seam_task}
+    for task, facts in baked.items():
+        assert facts["seam_task"] == seam_task, task
+        assert facts["task_class"]["subclass"], task
+        assert facts["task_class"]["abstract_left"] == [], task
+        assert set(facts["task_class"]["own"]) <= interface, (task, facts["task_class"]["own"])
 
 
-def test_task_interface_in_the_docs_is_the_one_task_py_has():
-    """Every task's task.Task has the same public names, and docs/tasks.md lists exactly those."""
-    interfaces = {task: _task_interface(task) for task in TASK_SRC}
-    names = interfaces[DEFAULT_TASK]
-    assert all(interface == names for interface in interfaces.values()), interfaces
-    text = (DOCS / "tasks.md").read_text(encoding="utf-8")
-    listed = re.search(r"<!-- task-interface:.*?-->(.*?)<!-- /task-interface -->", text, re.S)
-    assert listed, "docs/tasks.md has no task-interface list"
-    assert re.findall(r"^- `(\w+)", listed[1], re.M) == names
+def test_task_spec_in_the_docs_is_the_seams(baked):
+    """docs/tasks.md lists exactly the fields of engine/seam.py's TaskSpec, in order, marking those
+    without a default as required."""
+    spec_fields = baked[DEFAULT_TASK]["spec_fields"]
+    assert {name for name, required in spec_fields if required} >= {"data", "model", "metrics"}
+    assert any(not required for _, required in spec_fields), spec_fields
+    listed = re.findall(r"^- `(\w+)`( \(required\))?:", _marked("tasks.md", "task-spec"), re.M)
+    assert [(name, bool(required)) for name, required in listed] == [
+        (name, required) for name, required in spec_fields
+    ]
+
+
+def test_engine_keys_in_the_docs_are_the_seams_base_sections(baked):
+    """docs/tasks.md names exactly the data. and model. keys of engine/seam.py's DataBase and
+    ModelBase as the ones every task has and the engine reads."""
+    base = baked[DEFAULT_TASK]["base"]
+    expected = [f"{section}.{name}" for section, names in base.items() for name in names]
+    assert len(expected) >= 4, expected
+    assert re.findall(r"`([^`]+)`", _marked("tasks.md", "engine-keys")) == expected
+    for task, facts in baked.items():
+        for section, names in base.items():
+            assert set(names) <= set(facts["sections"][section]), (task, section)

@@ -7,6 +7,8 @@
 | checkpoints, written in the background too)       |                                                     |
 | SIGTERM to torchrun (FSDP); SIGUSR1 to every      | one checkpoint after an agreed step, exit well      |
 | process (1 process, saving in the background)     | inside torchrun's 30 s (75 without torchrun), exact |
+| SIGKILL to torchrun alone (DDP), its workers live | they stop within seconds as on SIGTERM (exit 75);   |
+| on in sessions of their own                       | the same command resumes at once, exact             |
 | a worker dies under torchrun --max-restarts=1     | the restarted group resumes by itself, bit-exact    |
 | (FSDP, sharded checkpoints)                       |                                                     |
 | a peer hangs (DDP) or dies (FSDP)                 | the others exit 1 within distributed.timeout_s with |
@@ -19,9 +21,12 @@
 The subprocess tests are marked slow; the template's own test suite runs them.
 """
 
+import contextlib
+import ctypes
 import errno
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -32,6 +37,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from {{ cookiecutter.package_name }}.engine import preemption
 from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -39,7 +45,7 @@ from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from {{ cookiecutter.package_name }}.engine.preemption import PREEMPTED_EXIT
+from {{ cookiecutter.package_name }}.engine.preemption import PREEMPTED_EXIT, StopRequest
 from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.task.task import Task
@@ -125,6 +131,39 @@ def kill_everything(process: subprocess.Popen) -> None:
     for pid in process_tree(process.pid):
         os.kill(pid, signal.SIGKILL)
     process.communicate(timeout=60)
+
+
+@contextlib.contextmanager
+def adopting_orphans():
+    """Inside, this process adopts its descendants whose parent dies (Linux's child subreaper), so it can
+    wait for them and read their exit status."""
+    prctl, pr_set_child_subreaper = ctypes.CDLL(None, use_errno=True).prctl, 36  # linux/prctl.h
+    assert prctl(pr_set_child_subreaper, 1) == 0, os.strerror(ctypes.get_errno())
+    try:
+        yield
+    finally:
+        prctl(pr_set_child_subreaper, 0)
+
+
+def exit_statuses(pids: list[int], timeout: float) -> dict[int, int | None]:
+    """Wait up to timeout for adopted processes to end: {pid: exit status}; one still running is
+    SIGKILLed and gets None."""
+    statuses, deadline = {}, time.monotonic() + timeout
+    while len(statuses) < len(pids):
+        for pid in [pid for pid in pids if pid not in statuses]:
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not adopted yet: its parent is only now dying
+                done = 0
+            if done:
+                statuses[pid] = os.waitstatus_to_exitcode(status)
+            elif time.monotonic() > deadline:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                statuses[pid] = None
+        time.sleep(0.05)
+    return statuses
 
 
 def finish(process: subprocess.Popen, timeout: float = 300) -> tuple[int, str]:
@@ -256,6 +295,50 @@ def test_sigterm_to_torchrun_stops_cleanly_in_time_and_resumes_exactly(tiny, run
 
 @pytest.mark.slow
 @pytest.mark.core  # signals, restarts and peers: the same for every task
+def test_workers_stop_cleanly_when_torchrun_is_killed_and_a_restart_resumes_exactly(tiny, run_dir, references):
+    """SIGKILL to torchrun alone: its workers notice within seconds, stop as SIGTERM stops them (one
+    checkpoint, exit 75), and the same command, started at once, resumes and ends bit-exact."""
+    args = [*tiny, *SETUPS["ddp"][1]]
+    with adopting_orphans():
+        process = start(2, args)
+        wait_for_checkpoint(run_dir, process, step=2)
+        workers = process_tree(process.pid)[1:]
+        assert len(workers) == 2, workers
+        killed = time.monotonic()
+        process.kill()  # torchrun only; the workers' output still reaches the pipe
+        statuses = exit_statuses(workers, timeout=15)
+    took = time.monotonic() - killed
+    output = process.communicate(timeout=60)[0]
+    print(f"SIGKILL to torchrun: its workers exited {list(statuses.values())} after {took:.1f} s")
+    assert list(statuses.values()) == [PREEMPTED_EXIT] * 2, f"{statuses}\n{output[-3000:]}"
+    stop = re.search(r"stopped by (.*) after step (\d+);", output)
+    assert stop and f"launcher (pid {process.pid})" in stop[1], output[-3000:]
+    assert newest(run_dir)["progress"]["step"] == int(stop[2])
+    restarted = time.monotonic() - killed
+    output = completed(2, args)
+    assert restarted < 30 and f"at step {stop[2]}," in output, output[-3000:]  # resumed from that checkpoint
+    assert_bit_identical(references("ddp"), run_dir)
+
+
+@pytest.mark.core  # signals, restarts and peers: the same for every task
+def test_a_worker_whose_launcher_is_gone_asks_to_stop(monkeypatch):
+    """Under torchrun's agent, a parent that is no longer the launcher is a stop request, named for it."""
+    launcher = os.getppid()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setattr(preemption, "LAUNCHER_CHECK_S", 0.01)
+    with StopRequest() as stop:
+        time.sleep(0.05)
+        assert not stop.poll()
+        monkeypatch.setattr(os, "getppid", lambda: 1)  # adopted by init
+        deadline = time.monotonic() + 5
+        while not stop.poll():
+            assert time.monotonic() < deadline, "no stop 5 s after the launcher went away"
+            time.sleep(0.01)
+    assert stop.reason == f"the loss of its launcher (pid {launcher})" and stop.signal is None
+
+
+@pytest.mark.slow
+@pytest.mark.core  # signals, restarts and peers: the same for every task
 def test_sigusr1_to_every_process_exits_75_and_resumes_exactly(tiny, run_dir, references):
     """SLURM's warning signal reaches every process of the job, data workers included: the trainer
     checkpoints and exits 75 (the workers ignore it), and the resumed run is bit-exact. Checkpoints
@@ -326,6 +409,7 @@ def test_hung_or_dead_peer_ends_the_job_with_a_clear_error(fault, strategy, tiny
     assert not list((run_dir / "checkpoints").glob(".*tmp*"))
 
 
+@pytest.mark.slow
 def test_nan_gradient_stops_before_the_update_and_saves_nothing(tiny, run_dir, monkeypatch, capsys):
     """A NaN loss at step 3 (so NaN gradients): that update is skipped, the run stops with exit 1
     naming step 3 and the remedies, and nothing after the step-2 checkpoint is saved."""
@@ -347,6 +431,7 @@ def test_nan_gradient_stops_before_the_update_and_saves_nothing(tiny, run_dir, m
         assert torch.equal(param.detach(), saved[name]), name
 
 
+@pytest.mark.slow
 def test_the_first_non_finite_step_of_a_log_window_is_named(tiny, run_dir, monkeypatch, capsys):
     """NaN losses at steps 2 and 3 of a 4-step log window: both updates are skipped on the device,
     and the check at the log line (one host read per window) names step 2, the first of them."""
@@ -402,6 +487,7 @@ def _two_checkpoints(tiny, run_dir) -> list[Path]:
     return list_checkpoints(run_dir / "checkpoints")  # steps 2 and 4 (the end-of-run one is step 4 too)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncate", "flip-a-bit"])
 def test_damaged_newest_checkpoint_is_set_aside_and_the_previous_one_used(damage, tiny, run_dir, caplog):
     """A truncated or bit-flipped newest checkpoint is named in a warning, renamed *.corrupt (kept),
@@ -420,6 +506,7 @@ def test_damaged_newest_checkpoint_is_set_aside_and_the_previous_one_used(damage
     assert newest(run_dir)["progress"]["step"] == 4  # redone from step 2
 
 
+@pytest.mark.slow
 def test_an_older_starting_point_renames_later_checkpoints_instead_of_deleting_them(tiny, run_dir):
     """Resuming from an explicit older checkpoint renames the later ones *.superseded (kept), so a
     later auto-resume cannot jump back to the replaced run."""
@@ -447,6 +534,7 @@ def test_keep_last_one_never_deletes_the_only_good_checkpoint(tmp_path, monkeypa
     assert [p.name for p in tmp_path.iterdir()] == [good.name]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("failure", ["ENOSPC", "torch-write-failed"])
 def test_disk_full_while_saving_exits_1_and_keeps_older_checkpoints(failure, tiny, run_dir, monkeypatch, capsys):
     """A full disk during a save (an OSError, or torch.save's own RuntimeError when it writes to a

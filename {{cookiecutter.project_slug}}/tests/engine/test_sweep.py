@@ -16,9 +16,10 @@ import yaml
 
 from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import list_checkpoints
 from {{ cookiecutter.package_name }}.engine.config import load_config, parse_args
+from {{ cookiecutter.package_name }}.engine.loop import monitored
 from {{ cookiecutter.package_name }}.engine.preemption import PREEMPTED_EXIT
-from {{ cookiecutter.package_name }}.sweep import lock_sweep_dir, main
-from {{ cookiecutter.package_name }}.train import monitored
+from {{ cookiecutter.package_name }}.engine.sweep.study import lock_sweep_dir
+from {{ cookiecutter.package_name }}.sweep import main
 
 from conftest import read_metrics
 from tiny import TINY
@@ -225,7 +226,7 @@ def test_ctrl_c_stops_the_trial_with_a_checkpoint_and_the_sweep_resumes_it(tmp_p
 @pytest.mark.core  # the sweep's journal, signals and resume: the same for every task
 def test_torchrun_workers_stop_with_a_checkpoint_when_the_sweep_is_killed(tmp_path):
     """Under --nproc-per-node torchrun starts its workers in sessions of their own, out of reach of a
-    SIGKILL to the sweep's process group: they stop by themselves (SIGTERM when torchrun dies) with a
+    SIGKILL to the sweep's process group: they stop by themselves once torchrun is gone, with a
     checkpoint, long before their 24 steps are done, and the next start finishes the trial."""
     path = sweep_file(tmp_path, trials=1, overrides=[*TINY, "trainer.max_epochs=8", "trainer.checkpoint_every=2"])
     process = start(path, "--nproc-per-node", "2")
@@ -234,7 +235,7 @@ def test_torchrun_workers_stop_with_a_checkpoint_when_the_sweep_is_killed(tmp_pa
     os.killpg(process.pid, signal.SIGKILL)
     process.communicate(timeout=60)
     wait_until_gone(tmp_path / "sweep", timeout=30)
-    assert "stopped by SIGTERM" in (run_dir / "trial.log").read_text()
+    assert "launcher (pid" in (run_dir / "trial.log").read_text()  # stopped by the loss of its launcher
     stopped_at = int(list_checkpoints(run_dir / "checkpoints")[-1].name[5:13])
     assert stopped_at < 24
 
@@ -268,6 +269,7 @@ def test_a_bad_sweep_file_exits_2_with_one_line_before_any_trial(keys, args, exp
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.core  # the same for every task
 def test_a_configuration_error_in_a_trial_stops_the_sweep_with_exit_2(tmp_path, capsys):
     """A configuration that only training finds wrong fails every trial alike: the first one's error
@@ -288,7 +290,7 @@ def test_a_second_sweep_in_the_same_directory_is_refused(tmp_path, capsys):
     try:
         assert main(["--config", str(path)]) == 2
     finally:
-        os.close(held)
+        held.release()
     assert f"another sweep runs in {tmp_path / 'sweep'} (pid {os.getpid()}" in capsys.readouterr().err
 
 

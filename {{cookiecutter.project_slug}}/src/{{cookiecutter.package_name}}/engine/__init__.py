@@ -1,11 +1,14 @@
 """The training engine: everything a task does not decide. A task (../task/) reaches it through
 one declared interface, seam.py; nothing here imports anything else from the task.
 
-    config, errors      typed configuration and the error kinds with their exit statuses
+    seam                the task interface: TaskSpec and the Task base class
+    config, errors, cli typed configuration, the error kinds, and their exit statuses in every command
     loop, step, state   the outer training loop, one optimizer step, the checkpointable state
     loaders, optim, ema, metrics, trackers, profiler, provenance, rundir, preemption, launcher
+    torch_private       the few private PyTorch names used, each with a test
     parallel/           process groups, DDP/FSDP2/HSDP wrapping, meta-device init, activation checkpointing
     ckpt/               atomic files, full and sharded checkpoints, restoring a trained model
+    sweep/              Optuna searches, each trial a training run (python -m PACKAGE.sweep)
 """
 
 PACKAGE = __name__.split(".")[0]  # the project's import name, as commands and messages spell it

@@ -185,7 +185,7 @@ def load_config(config_files: list[str | Path] = (), overrides: list[str] = (), 
         if base:
             merged = OmegaConf.merge(merged, base)
         for path in config_files:
-            merged = OmegaConf.merge(merged, _read_yaml(Path(path)))
+            merged = OmegaConf.merge(merged, read_yaml(Path(path)))
         for item in overrides:
             if "=" not in item:
                 raise ConfigError(f"override {item!r}: write it as key=value, e.g. trainer.max_epochs=5")
@@ -207,7 +207,8 @@ def _defaults():
     return OmegaConf.merge(OmegaConf.structured(Config), TASK.defaults)
 
 
-def _read_yaml(path: Path):
+def read_yaml(path: Path, sections: str = "run:, data:, ..."):
+    """A YAML file of sections as an OmegaConf mapping; ConfigError naming the file otherwise."""
     if not path.is_file():
         raise ConfigError(f"--config {path}: no such file")
     try:
@@ -216,7 +217,7 @@ def _read_yaml(path: Path):
         first_line = str(err).strip().splitlines()[0]
         raise ConfigError(f"--config {path}: not valid YAML ({first_line})") from None
     if not OmegaConf.is_dict(loaded):
-        raise ConfigError(f"--config {path}: expected a mapping of sections (run:, data:, ...)")
+        raise ConfigError(f"--config {path}: expected a mapping of sections ({sections})")
     return loaded
 
 

@@ -106,7 +106,7 @@ def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
 
 def stop_reason(stop: StopRequest) -> str:
     """What asked training to stop, for the exit message."""
-    return getattr(stop, "reason", None) or (stop.signal.name if stop.signal else "a signal to another process")
+    return stop.reason or "a signal to another process"
 
 
 @dataclass

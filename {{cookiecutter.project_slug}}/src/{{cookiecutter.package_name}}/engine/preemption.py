@@ -6,12 +6,21 @@ step. Training then writes one checkpoint and exits with PREEMPTED_EXIT, so a sc
 run the same command again (which resumes). Schedulers send these signals: SLURM sends SIGUSR1
 ahead of the time limit (--signal), Kubernetes and torchrun send SIGTERM (torchrun forwards it to
 its workers and kills them 30 s later).
+
+A launcher that dies without a word stops its workers the same way. torchrun (and accelerate
+launch, which runs the same agent) starts every worker in a session of its own, so a `kill -9` of
+torchrun, or the kernel's OOM killer, leaves them training on under init, holding the run
+directory's lock. A worker the agent started (TORCHELASTIC_RUN_ID is set) therefore checks about
+once a second whether its parent is still the process that started it. A plain `python -m ...`
+process does not: its parent is a shell that may go away on purpose (nohup).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -20,30 +29,42 @@ from .errors import PREEMPTED_EXIT, Preempted  # noqa: F401 - the names of the s
 from .parallel.distributed import joined
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+LAUNCHER_CHECK_S = 1.0  # seconds between checks that the launcher is alive
 
 
 class StopRequest:
-    """A stop requested by SIGTERM or SIGUSR1 on any rank, agreed on by all ranks.
+    """A stop requested by SIGTERM or SIGUSR1 (or the loss of the launcher) on any rank, agreed on by all ranks.
 
     Use as a context manager around training: it installs the handlers and puts the previous
-    ones back. poll() is called once per optimizer step on every rank.
+    ones back. poll() is called once per optimizer step on every rank. The sweep uses it with its
+    own signals and on_stop, which passes the stop on to the running trial.
     """
 
-    def __init__(self):
+    def __init__(self, signals: Iterable[signal.Signals] = SIGNALS, on_stop: Callable[[], None] | None = None):
         self.signal: signal.Signals | None = None  # the signal this process received, if any
+        self.reason: str | None = None  # what asked this process to stop, for "stopped by ...": "SIGTERM", ...
+        self._signals, self._on_stop = tuple(signals), on_stop
         self._previous: dict = {}
         self._group = None
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
+        self._closed = threading.Event()
+        self._watch: threading.Thread | None = None
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # Python only allows handlers there
-            for sig in SIGNALS:
+            for sig in self._signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
+        if os.environ.get("TORCHELASTIC_RUN_ID"):  # started by torchrun's agent
+            self._watch = threading.Thread(target=self._watch_launcher, args=(os.getppid(),), daemon=True)
+            self._watch.start()
         if joined() and dist.get_backend() != "gloo":
             self._group = dist.new_group(backend="gloo")  # a CPU flag: no device sync in the step
         return self
 
     def __exit__(self, *exc) -> None:
+        self._closed.set()
+        if self._watch:
+            self._watch.join()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         if self._pending and exc[0] is None:
@@ -51,21 +72,35 @@ class StopRequest:
 
     def _handle(self, signum, frame) -> None:
         self.signal = signal.Signals(signum)
+        self.request(self.signal.name)
+
+    def _watch_launcher(self, launcher: int) -> None:
+        """A thread: once the parent is no longer the launcher (it died; init or a subreaper adopted us), stop."""
+        while not self._closed.wait(LAUNCHER_CHECK_S):
+            if os.getppid() != launcher:
+                self.request(f"the loss of its launcher (pid {launcher})")
+                return
+
+    def request(self, reason: str) -> None:
+        """Ask to stop, as a signal does (the first reason is the one kept)."""
+        self.reason = self.reason or reason
+        if self._on_stop:
+            self._on_stop()
 
     def poll(self) -> bool:
-        """Whether every rank stops now. Without a process group: whether a signal arrived.
+        """Whether every rank stops now. Without a process group: whether a stop was requested.
 
         With one, each call starts an all-reduce of this rank's flag and reads the one started by
         the previous call, so a stop lands one optimizer step after the signal, on all ranks at
         the same step, and no call waits on the network while there is work to do.
         """
         if not joined():
-            return self.signal is not None
+            return self.reason is not None
         if self._pending:
             (work, flag), self._pending = self._pending, None
             work.wait()
             if flag.item():  # a CPU tensor: no GPU sync
                 return True
-        flag = torch.tensor([0 if self.signal is None else 1], dtype=torch.int32)
+        flag = torch.tensor([0 if self.reason is None else 1], dtype=torch.int32)
         self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flag)
         return False

@@ -10,7 +10,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import _read_yaml, load_config
+from ..config import load_config, read_yaml
 from ..errors import ConfigError, error_line
 from ..loop import monitored
 
@@ -79,7 +79,7 @@ class SweepConfig:
 
 def load_sweep(path: Path, overrides: list[str]) -> SweepConfig:
     """The sweep file merged with key=value overrides (trials=20, pruner.name=none), checked."""
-    loaded = _read_yaml(path)
+    loaded = read_yaml(path, "study:, trials:, params:, ...")
     where = f"--config {path}"  # what an error is about: the file, or the override being merged
     try:
         merged = OmegaConf.merge(OmegaConf.structured(SweepConfig), loaded)

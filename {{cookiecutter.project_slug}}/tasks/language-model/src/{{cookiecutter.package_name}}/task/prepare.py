@@ -139,10 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokenizer", default="bytes", help="bytes (default) or the path of a tokenizer.json")
     parser.add_argument("--glob", default="*", help="in directories, read only files matching this (e.g. '*.py')")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    return cli.run(lambda: _prepare(args))
+    return cli.run(lambda: _prepare_and_say(args))
 
 
-def _prepare(args: argparse.Namespace) -> int:
+def _prepare_and_say(args: argparse.Namespace) -> int:
     meta = prepare(args.paths, args.out, args.val_fraction, args.tokenizer, args.glob)
     train, val = meta["train"], meta["val"]
     print(
