@@ -72,7 +72,7 @@ TASK_FILES = {
         "src/PKG/prepare.py",
         "src/PKG/generate.py",
         *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_model", "test_commands")),
-        "tests/task/data/flat_layout_step_3.pt",  # a checkpoint of the flat layout, before task/
+        "tests/task/fixtures/flat_layout_step_3.checkpoint",  # the flat layout's, before task/
     },
 }
 CI_FILES = frozenset({".github/workflows/ci.yml"})

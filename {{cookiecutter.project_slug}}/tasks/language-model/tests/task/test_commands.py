@@ -204,8 +204,9 @@ def test_single_gpu_smoke(tiny, run_dir, precision):
 
 
 # A full checkpoint written by this project before the engine and the task moved into folders of
-# their own (the flat layout): step 3 of the tiny configuration, checkpoint_every=3.
-FLAT_LAYOUT_CHECKPOINT = Path(__file__).parent / "data" / "flat_layout_step_3.pt"
+# their own (the flat layout): step 3 of the tiny configuration, checkpoint_every=3. Not named *.pt
+# and not under data/, which the project's .gitignore leaves out of git.
+FLAT_LAYOUT_CHECKPOINT = Path(__file__).parent / "fixtures" / "flat_layout_step_3.checkpoint"
 
 
 def test_a_checkpoint_of_the_flat_layout_resumes_exactly(tiny, run_dir, tmp_path, final_weights):
