@@ -246,10 +246,12 @@ SETUPS = {
     "fsdp-async": (2, [*TWO_PROCESSES, "distributed.strategy=fsdp", "trainer.async_checkpoint=true", EMA]),
 }
 SAME_TRAINING = {"fsdp-async": "fsdp"}  # saving in the background changes nothing the run computes
-# Rows that test the machinery rather than the task: the async save (the same training as fsdp), and
-# DDP, whose 2-process resume of each task is also tested by test_two_processes_match_one_and_resume_on_one.
-# Each task runs the one-process (workers) and fsdp rows; these run in the image bake's suite.
-CORE_ROWS = {"fsdp-async", "ddp"}
+# Rows that test the machinery rather than the task: the async save (the same training as fsdp); DDP,
+# whose 2-process resume of each task is also tested by test_two_processes_match_one_and_resume_on_one;
+# and one process with workers, whose resume with each task's random draws in workers is also tested by
+# test_resume_after_a_crash_matches_an_uninterrupted_run (full). Each task runs the fsdp row (a task's
+# buffers, BatchNorm's say, must come back on every rank).
+CORE_ROWS = {"fsdp-async", "ddp", "one-process-workers"}
 
 
 @pytest.mark.slow

@@ -101,6 +101,7 @@ def wait_until_gone(path: Path, timeout: float) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.core  # the study, its trials' directories and the summary: the same for every task
 def test_a_small_study_trains_each_trial_in_its_own_directory(tmp_path, capsys):
     """Three trials, each a training run in output_dir/trial_N with its sampled values. The study goes
     the way the training config's trainer.monitor_mode says (here against the metric's own direction, so
