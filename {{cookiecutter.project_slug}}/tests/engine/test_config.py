@@ -55,6 +55,8 @@ def test_later_sources_win(tmp_path):
         (["trainer.max_epochs"], "write it as key=value"),
         (["run.seed=-5"], "run.seed=-5 must be between 0 and 2**31 - 1"),
         (["optim.lr=nan"], "optim.lr=nan must be a finite number"),
+        (["optim.betas=[0.9,1.0]"], "optim.betas=[0.9, 1.0] must be two numbers in [0, 1)"),
+        (["optim.betas=[0.9]"], "optim.betas=[0.9] must be two numbers in [0, 1)"),
         *BAD_CONFIGS,  # the task's own keys
     ],
 )

@@ -103,9 +103,10 @@ def test_allowed_changes_are_applied_and_logged(tiny, run_dir, caplog):
 @pytest.mark.slow
 def test_override_optim_applies_the_new_learning_rate_and_weight_decay(tiny, run_dir, capsys):
     """The remedy of a diverged run works: with trainer.override_optim=true, a run resumed from step 2 with
-    a lower optim.lr and another weight decay trains with them from its next step on."""
+    a lower optim.lr, another weight decay and other betas trains with them from its next step on."""
     assert main([*tiny, *SAVING, "trainer.max_steps=2"]) == 0
-    new = ["optim.lr=0.0001", "optim.weight_decay=0.2", "trainer.override_optim=true", "trainer.max_steps=6"]
+    new = ["optim.lr=0.0001", "optim.weight_decay=0.2", "optim.betas=[0.8,0.9]", "trainer.override_optim=true"]
+    new.append("trainer.max_steps=6")
     assert main([*tiny, *SAVING, *new]) == 0
 
     logged = {r["step"]: r["train/lr"] for r in read_metrics(run_dir) if "train/lr" in r}
@@ -114,6 +115,7 @@ def test_override_optim_applies_the_new_learning_rate_and_weight_decay(tiny, run
         assert logged[step] == pytest.approx(1e-4 * warmup_cosine(step - 1, warmup=2, total=total, min_ratio=0.01))
     groups = latest_checkpoint(run_dir / "checkpoints")[1]["optimizer"]["param_groups"]
     assert [g["weight_decay"] for g in groups] == [0.2, 0.0]  # biases and norms still without decay
+    assert [tuple(g["betas"]) for g in groups] == [(0.8, 0.9), (0.8, 0.9)]
     assert all(g["initial_lr"] == 1e-4 for g in groups)
 
 

@@ -34,6 +34,23 @@ def mean_squared_error(model: nn.Module, batch) -> tuple[torch.Tensor, int]:
     return ((model(inputs) - targets) ** 2).mean(), len(targets)
 
 
+def test_adamw_takes_optim_betas():
+    """optim.betas reaches AdamW: one step equals torch's AdamW with those betas, not with its defaults."""
+    torch.manual_seed(0)
+    model, inputs = nn.Linear(4, 1), torch.randn(8, 4)
+    reference = copy.deepcopy(model)
+    optimizer = build_optimizer(model, OptimConfig(lr=0.1, weight_decay=0.0, betas=[0.5, 0.6]))
+    expected = torch.optim.AdamW(reference.parameters(), lr=0.1, weight_decay=0.0, betas=(0.5, 0.6))
+    for _ in range(2):  # the second step depends on beta1 and beta2 through the moments
+        for net, opt in ((model, optimizer), (reference, expected)):
+            opt.zero_grad()
+            net(inputs).square().mean().backward()
+            opt.step()
+    assert all(group["betas"] == (0.5, 0.6) for group in optimizer.param_groups)
+    torch.testing.assert_close(model.state_dict(), reference.state_dict())
+    assert OptimConfig().betas == [0.9, 0.999]  # torch's default, unless the task says otherwise
+
+
 def test_train_step_accumulates_any_loss_into_one_update():
     """train_step with a loss function of the caller's: 2 micro-batches of 4 give the update of one batch of 8."""
     state = regression_state()

@@ -54,6 +54,12 @@ class OptimConfig:
     """Peak learning rate of AdamW, reached after the warmup."""
     weight_decay: float = 0.05
     """AdamW decoupled weight decay."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW's (beta1, beta2): decay rates of the running mean of the gradients and of their squares.
+    torch's default (0.9, 0.999) averages the squares over about 1000 steps; the language model uses
+    (0.9, 0.95), as GPT-2-style training does (nanoGPT, llm.c), because a shorter memory lets the step
+    size shrink quickly when a rare token's gradient spikes instead of dividing it by a stale, small
+    average. nanoGPT's small character-level recipe uses (0.9, 0.99)."""
     warmup_steps: int = 50
     """Optimizer steps of linear warmup from 0 to optim.lr; cosine decay follows."""
     min_lr_ratio: float = 0.01
@@ -298,6 +304,11 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key}={_get(cfg, key)} must be at least 1, or null")
     if cfg.optim.lr <= 0 or cfg.optim.weight_decay < 0 or cfg.optim.warmup_steps < 0:
         raise ConfigError("optim.lr must be > 0, optim.weight_decay and optim.warmup_steps >= 0")
+    betas = cfg.optim.betas
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ConfigError(
+            f"optim.betas={list(betas)} must be two numbers in [0, 1): (beta1, beta2), e.g. optim.betas=[0.9,0.95]"
+        )
     if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
         raise ConfigError(f"optim.min_lr_ratio={cfg.optim.min_lr_ratio} must be between 0 and 1")
     if cfg.trainer.grad_clip < 0:

@@ -39,12 +39,13 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
 
 def group_settings(cfg: OptimConfig) -> tuple[dict, dict]:
     """The settings of build_optimizer's two parameter groups: matrices decay, biases and norms do not."""
-    return {"weight_decay": cfg.weight_decay}, {"weight_decay": 0.0}
+    betas = (float(cfg.betas[0]), float(cfg.betas[1]))
+    return {"weight_decay": cfg.weight_decay, "betas": betas}, {"weight_decay": 0.0, "betas": betas}
 
 
 def apply_optim_config(optimizer: torch.optim.Optimizer, scheduler, cfg: OptimConfig) -> None:
     """A resumed run with trainer.override_optim=true: the restored optimizer and scheduler take
-    cfg's learning rate and weight decay (its moments and step count are kept)."""
+    cfg's learning rate, weight decay and betas (its moments and step count are kept)."""
     for group, settings in zip(optimizer.param_groups, group_settings(cfg), strict=True):
         group.update(settings, initial_lr=cfg.lr)
     scheduler.base_lrs = [cfg.lr for _ in optimizer.param_groups]

@@ -69,7 +69,10 @@ RESUME_MAY_CHANGE = (
 # e.g. 2 processes x 32 resumed on 1 process x 64.
 GLOBAL_BATCH_KEYS = ("data.batch_size", "trainer.grad_accum_steps")
 # Applied to the restored optimizer and scheduler with trainer.override_optim=true.
-OPTIM_KEYS = ("optim.lr", "optim.weight_decay", "optim.warmup_steps", "optim.min_lr_ratio", "trainer.grad_clip")
+OPTIM_KEYS = (
+    *("optim.lr", "optim.weight_decay", "optim.betas", "optim.warmup_steps", "optim.min_lr_ratio"),
+    "trainer.grad_clip",
+)
 
 # What a run writes at the top of its directory; a fresh start sets these aside (checkpoints are
 # set aside by checkpoint.set_aside_later_checkpoints).

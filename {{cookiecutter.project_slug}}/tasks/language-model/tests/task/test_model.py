@@ -56,3 +56,13 @@ def test_loss_refuses_targets_that_would_broadcast():
     ignored = torch.full((2, 5), -100)
     ignored[0, 0] = 3
     assert lm_loss(logits, ignored) == pytest.approx(lm_loss(logits[:1, :1], torch.tensor([[3]])).item())
+
+
+def test_adamw_uses_gpt2_style_betas_by_default():
+    """The language model's AdamW runs with beta2 0.95 (GPT-2-style training), not torch's 0.999."""
+    from {{ cookiecutter.package_name }}.engine.config import load_config
+    from {{ cookiecutter.package_name }}.engine.optim import build_optimizer
+
+    cfg = load_config([], [])
+    optimizer = build_optimizer(build_model(cfg.model, vocab_size=32, seq_len=16), cfg.optim)
+    assert [group["betas"] for group in optimizer.param_groups] == [(0.9, 0.95), (0.9, 0.95)]

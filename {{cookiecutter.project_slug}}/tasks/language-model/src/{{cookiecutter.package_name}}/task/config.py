@@ -106,7 +106,7 @@ SPEC = TaskSpec(
     # A run is measured in optimizer steps, with validations between them, rather than in epochs
     # of a fixed data set.
     defaults={
-        "optim": {"lr": 6e-3, "weight_decay": 0.1, "warmup_steps": 30},
+        "optim": {"lr": 6e-3, "weight_decay": 0.1, "betas": [0.9, 0.95], "warmup_steps": 30},
         "trainer": {"max_epochs": 1000, "max_steps": 800, "val_every": 100, "checkpoint_every": 200},
     },
     # What a checkpoint's stored config sets in evaluate, export and generate: what rebuilds the
