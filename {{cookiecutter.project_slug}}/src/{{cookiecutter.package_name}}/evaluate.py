@@ -30,7 +30,7 @@ import torch
 
 from .engine import PACKAGE, cli
 from .engine.ckpt.files import atomic_write, writing
-from .engine.ckpt.restore import load_model_weights, restore_trained, trained_step
+from .engine.ckpt.restore import beside, load_model_weights, restore_trained, trained_step
 from .engine.config import Config
 from .engine.errors import OutOfMemory
 from .engine.loaders import build_val_loader, shut_down_workers
@@ -44,6 +44,7 @@ def evaluate_checkpoint(cfg: Config, path: Path, state: dict) -> tuple[dict, boo
     try:
         task = task_class()(cfg, env.device)
         _, val_set = task.datasets()
+        task.check_model_files(beside(path))  # the data as the run saw it (its tokenizer, say)
         val_loader = build_val_loader(cfg.data, val_set, rank=env.rank, world_size=env.world_size)
         try:
             model = task.build_model(env.device)

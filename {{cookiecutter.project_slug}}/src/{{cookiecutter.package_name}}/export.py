@@ -30,8 +30,9 @@ from torch import nn
 from .engine import PACKAGE, cli
 from .engine.ckpt.checkpoint import save_weights
 from .engine.ckpt.files import atomic_write, writing
-from .engine.ckpt.restore import load_model_weights, restore_trained
+from .engine.ckpt.restore import beside, load_model_weights, restore_trained
 from .engine.config import Config
+from .engine.rundir import write_model_files
 from .engine.seam import task_class
 
 
@@ -43,13 +44,15 @@ def export_program(model: nn.Module, args: tuple, dynamic_shapes: tuple) -> torc
 def export_checkpoint(cfg: Config, path: Path, state: dict) -> Path:
     """Write model.safetensors and model.pt2 of a checkpoint under output_dir/export; return that folder."""
     task = task_class()(cfg, torch.device("cpu"))
-    task.datasets()  # the model's shape follows the data (its number of classes)
+    if not task.use_model_files(beside(path)):  # what the run saved of its data (a tokenizer), else the data
+        task.datasets()  # the model's shape follows the data (its number of classes)
     model = task.build_model()
     load_model_weights(model, state, path)
     out = Path(cfg.run.output_dir) / "export"
     kind = {"weights": "ema" if "ema" in state else "trained"}  # restore.py: the average unless --weights raw
     with writing(out / "model.safetensors"):
         save_weights(model.state_dict(), out / "model.safetensors", metadata=kind)
+    write_model_files(out, task.model_files())
     program = export_program(model, *task.export_example())
     with writing(out / "model.pt2"):
         atomic_write(out / "model.pt2", lambda tmp: torch.export.save(program, str(tmp)))

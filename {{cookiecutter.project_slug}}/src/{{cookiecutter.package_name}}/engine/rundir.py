@@ -149,24 +149,37 @@ def claim_output_dir(output_dir: Path) -> RunLock:
     return RunLock(output_dir).acquire()
 
 
-def start_in_output_dir(output_dir: Path, cfg: Config, start_step: int, resumed: bool) -> None:
-    """Before the first step (main process only): keep every earlier file, then write config.yaml.
+def start_in_output_dir(
+    output_dir: Path, cfg: Config, start_step: int, resumed: bool, model_files: dict[str, bytes] | None = None
+) -> None:
+    """Before the first step (main process only): keep every earlier file, then write config.yaml and
+    the task's model files (Task.model_files: a tokenizer, say).
 
     A resumed run keeps the metrics logged up to its checkpoint; a fresh start sets the earlier
     run's files aside. Either way, checkpoints and a best model of steps after start_step belong
     to a run this one replaces: renamed, never deleted, so no later resume jumps back to them.
     """
+    model_files = model_files or {}
     if resumed:
         truncate_metrics(output_dir, start_step)  # lines logged after this checkpoint are redone
         best = output_dir / "best.safetensors"
         if best.exists() and int(weights_metadata(best).get("step", -1)) > start_step:
             set_aside_run_files(output_dir, ["best.safetensors", "best.json"])
     else:
-        set_aside_run_files(output_dir)
+        set_aside_run_files(output_dir, (*RUN_FILES, *sorted({name.split("/")[0] for name in model_files})))
     set_aside_later_checkpoints(output_dir / "checkpoints", start_step, cfg.trainer.resume)
     config_file = output_dir / "config.yaml"
     with writing(config_file):
         atomic_write(config_file, lambda tmp: tmp.write_text(to_yaml(cfg), encoding="utf-8"))
+    write_model_files(output_dir, model_files)
+
+
+def write_model_files(folder: Path, files: dict[str, bytes]) -> None:
+    """Write the task's model files (path relative to folder -> bytes), each atomically."""
+    for name, content in files.items():
+        path = Path(folder) / name
+        with writing(path):
+            atomic_write(path, lambda tmp, content=content: tmp.write_bytes(content))
 
 
 def save_best(

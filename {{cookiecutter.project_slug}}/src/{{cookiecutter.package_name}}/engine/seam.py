@@ -28,6 +28,8 @@ from torch import nn
 from .errors import ConfigError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from torch.utils.data import DataLoader, Dataset
 
     from .config import Config
@@ -151,6 +153,22 @@ class Task(abc.ABC):
     def throughput(self, samples_per_s: float) -> dict:
         """More perf/ figures for a training log line than perf/samples_per_s (e.g. perf/<unit>_per_s)."""
         return {}
+
+    def model_files(self) -> dict[str, bytes]:
+        """Files a trained model needs beside its weights (a tokenizer, class names), by path relative to
+        the run directory: written there when training starts (after datasets()) and into export/.
+        By default none."""
+        return {}
+
+    def check_model_files(self, folder: Path) -> None:
+        """Refuse (ConfigError, naming both) a run directory whose model files came from other data than
+        datasets() read now: called before a resume and by evaluate. By default nothing to check."""
+        return None
+
+    def use_model_files(self, folder: Path) -> bool:
+        """Learn what build_model needs from the model files under folder instead of from the data, so that
+        export needs only a run directory; False (the default) when it cannot, and export calls datasets()."""
+        return False
 
 
 def task_spec() -> TaskSpec:

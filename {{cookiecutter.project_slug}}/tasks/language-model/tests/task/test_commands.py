@@ -222,3 +222,46 @@ def test_a_checkpoint_of_the_flat_layout_resumes_exactly(tiny, run_dir, tmp_path
     resumed, expected = final_weights(run_dir), final_weights(straight)
     assert resumed.keys() == expected.keys()
     assert all(torch.equal(resumed[key], expected[key]) for key in expected)
+
+
+def test_a_run_carries_its_tokenizer_and_refuses_data_of_another(tmp_path, run_dir, capsys):
+    """Training copies the tokenizer into the run directory: generate and export need no prepared data
+    (export/ carries the tokenizer too), and resuming or evaluating on data prepared with another
+    tokenizer is one error line naming both, exit 2."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from {{ cookiecutter.package_name }}.prepare import main as prepare_main
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(12):
+        (corpus / f"doc{i}.txt").write_text(" ".join(f"word{(i * 7 + j) % 30}" for j in range(300)))
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.train([str(p) for p in corpus.iterdir()], tokenizers.trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    words, raw = tmp_path / "words", tmp_path / "raw"
+    assert prepare_main(["--out", str(words), "--tokenizer", str(tmp_path / "tokenizer.json"), str(corpus)]) == 0
+    assert prepare_main(["--out", str(raw), str(corpus)]) == 0
+    run = ["run.device=cpu", "tracker.name=none", f"run.output_dir={run_dir}", "data.name=text",
+           "data.seq_len=8", "data.batch_size=4", "model.preset=nano", "trainer.val_every=null",
+           "trainer.checkpoint_every=2"]  # fmt: skip
+    assert main([*run, f"data.root={words}", "trainer.max_steps=2"]) == 0
+    saved = run_dir / "tokenizer" / "tokenizer.json"
+    assert saved.read_bytes() == (tmp_path / "tokenizer.json").read_bytes()
+
+    shutil.rmtree(words)  # the prepared data is gone: the run directory is enough
+    capsys.readouterr()
+    assert generate_main([f"run.output_dir={run_dir}", "--prompt", "word3 word10", "--max-new-tokens", "5"]) == 0
+    assert capsys.readouterr().out.startswith("word3 word10")
+    assert export_main([f"run.output_dir={run_dir}"]) == 0
+    assert (run_dir / "export" / "tokenizer" / "tokenizer.json").read_bytes() == saved.read_bytes()
+    assert json.loads((run_dir / "export" / "tokenizer" / "meta.json").read_text())["tokenizer"] == "tokenizer.json"
+
+    capsys.readouterr()
+    evaluate = [f"run.output_dir={run_dir}", "data.name=text", f"data.root={raw}"]
+    for command, argv in ((main, [*run, f"data.root={raw}", "trainer.max_steps=4"]), (evaluate_main, evaluate)):
+        assert command(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "trained with the tokenizer tokenizer.json" in err[0], err
+        assert "prepared with bytes (vocabulary 257)" in err[0], err
+    assert latest_checkpoint(run_dir / "checkpoints")[1]["progress"]["step"] == 2  # nothing was trained on it

@@ -37,7 +37,6 @@ BAD_CONFIGS = [
     (["data.vocab_size=100"], "data.vocab_size=100 must be between 2 and 62"),
     (["data.order=6"], "too many to tabulate"),
     (["model.dropout=1.0"], "model.dropout=1.0 must be at least 0 and below 1"),
-    (["data.name=text", "data.root=/nonexistent"], "has no meta.json"),
 ]
 # Settings under which N processes x batch b train like 1 process x batch N x b (nothing in the
 # transformer depends on the per-process batch).

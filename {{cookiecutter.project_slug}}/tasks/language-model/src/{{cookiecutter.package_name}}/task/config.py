@@ -6,10 +6,8 @@ validation metrics, what a resume may change and what a checkpoint restores.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..engine import PACKAGE
 from ..engine.errors import ConfigError
 from ..engine.seam import DataBase, ModelBase, TaskSpec
 
@@ -86,13 +84,6 @@ def validate(cfg: Config) -> None:
         for key in ("concentration", "context_concentration"):
             if not getattr(data, key) > 0:
                 raise ConfigError(f"data.{key}={getattr(data, key)} must be above 0")
-    if data.name == "text":
-        meta = Path(data.root) / "meta.json"
-        if not meta.is_file():
-            raise ConfigError(
-                f"data.root={data.root!r} has no meta.json; data.name=text reads the token files that "
-                f"`python -m {PACKAGE}.prepare --out {data.root} FILES...` writes"
-            )
 
 
 SPEC = TaskSpec(

@@ -4,8 +4,9 @@
     python -m PACKAGE.generate --checkpoint runs/demo/checkpoints/step_00000600.pt --temperature 0.8 --top-k 40
 
 The model is rebuilt from the checkpoint as for evaluate (restore.py): the checkpoint gives the
-model's and the data's shape only. For data.name=text the tokenizer is read from data.root (the
-directory prepare wrote; pass data.root=DIR when it is not ./data). Sampling: --temperature 0 is
+model's and the data's shape only. The tokenizer is the one the run saved in its directory
+(tokenizer/); no prepared data is needed. (A run trained before runs kept their tokenizer reads it
+from data.root, the directory prepare wrote: pass data.root=DIR when it is not ./data.) Sampling: --temperature 0 is
 greedy; --top-k K keeps the K likeliest tokens (0: all); --seed makes a sample repeatable. Prints
 the prompt followed by the generated text. Errors are one `error: ...` line: exit 2 for bad input.
 """
@@ -20,7 +21,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..engine import PACKAGE, cli
-from ..engine.ckpt.restore import load_model_weights, restore_trained
+from ..engine.ckpt.restore import beside, load_model_weights, restore_trained
 from ..engine.errors import ConfigError
 from .task import Task
 
@@ -74,7 +75,8 @@ def generate(argv: list[str]) -> tuple[str, str]:
     cfg, path, state = restore_trained(rest, f"{PACKAGE}.generate")
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu")
     task = Task(cfg, device)
-    task.datasets()  # the vocabulary and the tokenizer
+    if not task.use_model_files(beside(path)):  # the run's own tokenizer; a run from before it kept one: the data's
+        task.datasets()
     tokenizer = task.data.tokenizer
     model = task.build_model()
     load_model_weights(model, state, path)

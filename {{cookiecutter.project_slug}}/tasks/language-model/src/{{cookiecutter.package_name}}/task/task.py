@@ -11,16 +11,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from ..engine import seam
+from ..engine import PACKAGE, seam
 from ..engine.config import Config
+from ..engine.errors import ConfigError, DataError
 from ..engine.parallel import meta_init
 from .data import DeviceWindows, TokenData, build_datasets
 from .model import GPT, INIT_TYPES, GPTShape, init_module, lm_loss
+from .tokenizer import FOLDER, describe, identity, read_identity, read_tokenizer, tokenizer_files
 from .validation import evaluate_model
 
 
@@ -33,8 +36,41 @@ class Task(seam.Task):
 
     def datasets(self) -> tuple[Dataset, Dataset]:
         """The training windows (by (epoch, index) keys) and the validation windows."""
+        data = self.cfg.data
+        if data.name == "text" and not (Path(data.root) / "meta.json").is_file():  # checked here, not in
+            # config.validate: generate and export of a trained run need no data
+            raise ConfigError(
+                f"data.root={data.root!r} has no meta.json; data.name=text reads the token files that "
+                f"`python -m {PACKAGE}.prepare --out {data.root} FILES...` writes"
+            )
         train_set, val_set, self.data = build_datasets(self.cfg.data, seed=self.cfg.run.seed)
         return train_set, val_set
+
+    def model_files(self) -> dict[str, bytes]:
+        """The tokenizer (tokenizer/meta.json, and tokenizer/tokenizer.json for a BPE): generate and export
+        read it from the run directory, and a resume checks the data against it."""
+        return tokenizer_files(self.data.tokenizer)
+
+    def check_model_files(self, folder: Path) -> None:
+        """Refuse data prepared with another tokenizer than the run in folder was trained with."""
+        stored = read_identity(folder)
+        now = identity(self.data.tokenizer)
+        if stored is not None and stored != now:
+            data = self.cfg.data
+            source = f"data.root={data.root!r} was prepared" if data.name == "text" else f"data.name={data.name} is"
+            again = Path(folder) / FOLDER / "tokenizer.json" if stored["tokenizer"] == "tokenizer.json" else "bytes"
+            raise DataError(
+                f"{folder} was trained with the tokenizer {describe(stored)}, but {source} with {describe(now)}; "
+                f"prepare the text again with --tokenizer {again}, or train a new run"
+            )
+
+    def use_model_files(self, folder: Path) -> bool:
+        """The vocabulary and the tokenizer from the run directory (or export folder) instead of the data."""
+        tokenizer = read_tokenizer(folder)
+        if tokenizer is None:
+            return False
+        self.data = TokenData(tokenizer.vocab_size, 1.0, None, tokenizer)
+        return True
 
     def device_bytes(self, train_set: Dataset, val_set: Dataset) -> tuple[int, str | None]:
         """Bytes both splits take on the device (int32 tokens), and what speaks against data.loader=auto

@@ -3,10 +3,18 @@ Hugging Face tokenizer.json through the `tokenizers` package.
 
 Each has encode(text) -> list of ids, decode(ids) -> text, vocab_size, and eot: the id that ends a
 document in the token files (None when the tokenizer has none).
+
+A run carries its tokenizer: training writes it into the run directory (tokenizer/, through
+Task.model_files) and export into export/tokenizer/, as `tokenizer/meta.json` (which tokenizer,
+its vocabulary, end-of-document id and, for a tokenizer.json, its SHA-256) beside the
+tokenizer.json itself. generate and export read it from there, so they need no prepared data, and
+a run refuses data prepared with another tokenizer (`identity`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import string
 from pathlib import Path
 
@@ -63,7 +71,8 @@ class HFTokenizer:
         except ImportError:
             raise ConfigError("a tokenizer.json needs the tokenizers package: pip install -e '.[tokenizers]'") from None
         try:
-            self.tokenizer = Tokenizer.from_file(str(path))
+            self.json = Path(path).read_bytes()  # kept: a run and its export carry the file itself
+            self.tokenizer = Tokenizer.from_str(self.json.decode("utf-8"))
         except Exception as err:  # the Rust side raises its own exception type
             raise DataError(f"{path}: not a Hugging Face tokenizer.json ({err})") from None
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
@@ -83,3 +92,61 @@ def load_tokenizer(spec: str):
     if not Path(spec).is_file():
         raise ConfigError(f"--tokenizer {spec!r}: no such file; use bytes or the path of a tokenizer.json")
     return HFTokenizer(spec)
+
+
+FOLDER = "tokenizer"  # in a run directory and in export/
+
+
+def identity(tokenizer) -> dict:
+    """What tells tokenizers apart: its kind, vocabulary, end-of-document id and, for a tokenizer.json,
+    the SHA-256 of the file (two runs agree on a tokenizer when these agree)."""
+    sha = hashlib.sha256(tokenizer.json).hexdigest() if isinstance(tokenizer, HFTokenizer) else None
+    return {"tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size, "eot": tokenizer.eot, "sha256": sha}
+
+
+def describe(meta: dict) -> str:
+    """A tokenizer's identity in words, e.g. "bytes (vocabulary 257)" or "tokenizer.json 3f2a9c1b0d4e
+    (vocabulary 50257)"."""
+    sha = f" {meta['sha256'][:12]}" if meta.get("sha256") else ""
+    return f"{meta.get('tokenizer')}{sha} (vocabulary {meta.get('vocab_size')})"
+
+
+def tokenizer_files(tokenizer) -> dict[str, bytes]:
+    """The files that carry a tokenizer, by path relative to a run directory or export folder."""
+    files = {f"{FOLDER}/meta.json": (json.dumps(identity(tokenizer), indent=2) + "\n").encode()}
+    if isinstance(tokenizer, HFTokenizer):
+        files[f"{FOLDER}/tokenizer.json"] = tokenizer.json
+    return files
+
+
+def read_identity(folder: Path) -> dict | None:
+    """The tokenizer identity stored under folder (a run directory or export folder); None when it has
+    none (a run trained before runs carried their tokenizer)."""
+    path = Path(folder) / FOLDER / "meta.json"
+    if not path.is_file():
+        return None
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise DataError(f"{path}: unreadable ({err})") from None
+    if not isinstance(meta, dict) or not {"tokenizer", "vocab_size"} <= meta.keys():
+        raise DataError(f"{path}: not a tokenizer description (needs tokenizer and vocab_size)")
+    return meta
+
+
+def read_tokenizer(folder: Path):
+    """The tokenizer stored under folder, or None when it has none."""
+    meta = read_identity(folder)
+    if meta is None:
+        return None
+    kind = meta["tokenizer"]
+    if kind == ByteTokenizer.name:
+        return ByteTokenizer()
+    if kind == AlphabetTokenizer.name:
+        return AlphabetTokenizer(int(meta["vocab_size"]))
+    if kind == HFTokenizer.name:
+        tokenizer = HFTokenizer(Path(folder) / FOLDER / "tokenizer.json")
+        if identity(tokenizer) != meta:
+            raise DataError(f"{Path(folder) / FOLDER}: tokenizer.json does not match its meta.json (edited by hand?)")
+        return tokenizer
+    raise DataError(f"{Path(folder) / FOLDER / 'meta.json'}: unknown tokenizer {kind!r}")
