@@ -71,7 +71,8 @@ TASK_FILES = {
         *(f"src/PKG/task/{module}.py" for module in ("tokenizer", "prepare", "generate")),
         "src/PKG/prepare.py",
         "src/PKG/generate.py",
-        *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_model", "test_commands")),
+        *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_prepare", "test_model")),
+        "tests/task/test_commands.py",
         "tests/task/fixtures/flat_layout_step_3.checkpoint",  # the flat layout's, before task/
     },
 }

@@ -44,7 +44,7 @@ def evaluate_checkpoint(cfg: Config, path: Path, state: dict) -> tuple[dict, boo
     try:
         task = task_class()(cfg, env.device)
         _, val_set = task.datasets()
-        task.check_model_files(beside(path))  # the data as the run saw it (its tokenizer, say)
+        task.check_model_files(beside(path))  # the data as the run saw it (its input encoding, say)
         val_loader = build_val_loader(cfg.data, val_set, rank=env.rank, world_size=env.world_size)
         try:
             model = task.build_model(env.device)

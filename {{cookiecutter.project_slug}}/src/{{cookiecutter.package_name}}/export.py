@@ -44,7 +44,7 @@ def export_program(model: nn.Module, args: tuple, dynamic_shapes: tuple) -> torc
 def export_checkpoint(cfg: Config, path: Path, state: dict) -> Path:
     """Write model.safetensors and model.pt2 of a checkpoint under output_dir/export; return that folder."""
     task = task_class()(cfg, torch.device("cpu"))
-    if not task.use_model_files(beside(path)):  # what the run saved of its data (a tokenizer), else the data
+    if not task.use_model_files(beside(path)):  # what the run saved of its data (its input encoding), else the data
         task.datasets()  # the model's shape follows the data (its number of classes)
     model = task.build_model()
     load_model_weights(model, state, path)

@@ -56,10 +56,10 @@ class OptimConfig:
     """AdamW decoupled weight decay."""
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     """AdamW's (beta1, beta2): decay rates of the running mean of the gradients and of their squares.
-    torch's default (0.9, 0.999) averages the squares over about 1000 steps; the language model uses
-    (0.9, 0.95), as GPT-2-style training does (nanoGPT, llm.c), because a shorter memory lets the step
-    size shrink quickly when a rare token's gradient spikes instead of dividing it by a stale, small
-    average. nanoGPT's small character-level recipe uses (0.9, 0.99)."""
+    torch's default (0.9, 0.999) averages the squares over about 1000 steps; a smaller beta2 (0.95, or
+    0.99 for small models) remembers fewer steps, so the step size shrinks quickly when a rarely seen
+    parameter's gradient spikes instead of dividing it by a stale, small average. Each task's
+    configs/default.yaml sets its own default and says why."""
     warmup_steps: int = 50
     """Optimizer steps of linear warmup from 0 to optim.lr; cosine decay follows."""
     min_lr_ratio: float = 0.01

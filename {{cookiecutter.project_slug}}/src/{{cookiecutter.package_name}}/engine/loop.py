@@ -235,7 +235,7 @@ class Run:
 
         found = resume_state(cfg, output_dir / "checkpoints", env.is_main)
         if found:
-            task.check_model_files(output_dir)  # e.g. the data now prepared with another tokenizer
+            task.check_model_files(output_dir)  # e.g. the data now prepared another way
             state.resume(*found, cfg, env, global_batch=plan.global_micro * plan.accum)
         distributed.on_main(start_in_output_dir, output_dir, cfg, state.progress.step, bool(found), task.model_files())
         record = provenance.run_record(state.progress.step if found else None)  # versions, git commit, hosts

@@ -153,7 +153,7 @@ def start_in_output_dir(
     output_dir: Path, cfg: Config, start_step: int, resumed: bool, model_files: dict[str, bytes] | None = None
 ) -> None:
     """Before the first step (main process only): keep every earlier file, then write config.yaml and
-    the task's model files (Task.model_files: a tokenizer, say).
+    the task's model files (Task.model_files: what turns inputs into the model's, say).
 
     A resumed run keeps the metrics logged up to its checkpoint; a fresh start sets the earlier
     run's files aside. Either way, checkpoints and a best model of steps after start_step belong

@@ -155,7 +155,7 @@ class Task(abc.ABC):
         return {}
 
     def model_files(self) -> dict[str, bytes]:
-        """Files a trained model needs beside its weights (a tokenizer, class names), by path relative to
+        """Files a trained model needs beside its weights (class names, an input encoding), by path relative to
         the run directory: written there when training starts (after datasets()) and into export/.
         By default none."""
         return {}
