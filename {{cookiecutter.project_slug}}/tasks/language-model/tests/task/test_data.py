@@ -1,21 +1,16 @@
 """Token data: the synthetic source's floor, windows by (seed, epoch, index), exact validation
-windows for any number of processes, and the prepare command."""
+windows for any number of processes, and token files read as one stream (test_prepare.py tests the
+prepare command that writes them)."""
 
-import json
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.engine.loaders import ResumableSampler, build_train_loader, build_val_loader
-from {{ cookiecutter.package_name }}.prepare import main as prepare_main
 from {{ cookiecutter.package_name }}.task.config import DataConfig
 from {{ cookiecutter.package_name }}.task.data import IGNORE, MarkovSource, Tokens, TrainWindows, ValWindows, build_datasets
-from {{ cookiecutter.package_name }}.task.prepare import goes_to_val
-from {{ cookiecutter.package_name }}.train import main as train_main
 
 
 def test_entropy_rate_is_the_cross_entropy_of_the_true_chain():
@@ -38,7 +33,8 @@ def test_synthetic_data_is_the_same_for_every_run_seed():
     """The source's text does not change with run.seed (it is the data, not the run)."""
     cfg = DataConfig(train_tokens=5000, val_tokens=500, seq_len=16)
     a, b = build_datasets(cfg, seed=0), build_datasets(cfg, seed=7)
-    assert np.array_equal(a[0].tokens.data, b[0].tokens.data) and np.array_equal(a[1].tokens.data, b[1].tokens.data)
+    assert np.array_equal(a[0].tokens.read(0, 10**9), b[0].tokens.read(0, 10**9))
+    assert np.array_equal(a[1].tokens.read(0, 10**9), b[1].tokens.read(0, 10**9))
     assert a[2].loss_floor == b[2].loss_floor and 0 < a[2].loss_floor < math.log(cfg.vocab_size)
 
 
@@ -87,111 +83,17 @@ def test_sampler_resumes_mid_epoch():
     assert list(part) == list(full)[20:]
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    """A folder of 40 small text files, a hidden one, and a binary one."""
-    root = tmp_path / "corpus"
-    (root / "sub").mkdir(parents=True)
-    for i in range(40):
-        (root / ("sub" if i % 2 else "") / f"doc{i}.txt").write_text(f"document {i}: " + "héllo wörld " * (i + 1))
-    (root / ".hidden.txt").write_text("never read")
-    (root / "blob.bin").write_bytes(bytes([0xFF, 0xFE, 0x00, 0x81]))
-    return root
-
-
-def test_prepare_splits_by_document_and_counts_tokens_and_bytes(corpus, tmp_path, capsys):
-    """Byte tokens of every UTF-8 file, one end-of-document token each, split by the hash of the
-    file's relative name: the same split when the files are found in another order or place."""
-    out = tmp_path / "tokens"
-    assert prepare_main(["--out", str(out), "--val-fraction", "0.2", str(corpus)]) == 0
-    meta = json.loads((out / "meta.json").read_text())
-    assert (meta["tokenizer"], meta["vocab_size"], meta["dtype"], meta["skipped_files"]) == ("bytes", 257, "uint16", 1)
-    names = [p.relative_to(corpus).as_posix() for p in corpus.rglob("*.txt") if not p.name.startswith(".")]
-    in_val = [n for n in names if goes_to_val(n, 0.2)]
-    assert meta["val"]["documents"] == len(in_val) > 0 and meta["train"]["documents"] == 40 - len(in_val)
-    val_bytes = sum(len((corpus / n).read_bytes()) for n in in_val)
-    assert meta["val"]["bytes"] == val_bytes and meta["val"]["tokens"] == val_bytes + len(in_val)
-    val = np.fromfile(out / "val.bin", dtype=np.uint16)
-    assert len(val) == meta["val"]["tokens"] and (val == 256).sum() == len(in_val)
-    assert "1 files skipped" in capsys.readouterr().out
-
-    again = tmp_path / "again"
-    assert prepare_main(["--out", str(again), "--val-fraction", "0.2", str(corpus)]) == 0
-    assert (again / "val.bin").read_bytes() == (out / "val.bin").read_bytes()
-    assert prepare_main(["--out", str(out), str(corpus)]) == 2  # never overwrites
-
-
-def test_prepare_reads_only_the_files_glob_names(corpus, tmp_path):
-    """--glob '*.txt' reads the 40 text documents and never opens the binary file."""
-    out = tmp_path / "tokens"
-    assert prepare_main(["--out", str(out), "--glob", "*.txt", str(corpus)]) == 0
-    meta = json.loads((out / "meta.json").read_text())
-    assert meta["train"]["documents"] + meta["val"]["documents"] == 40 and meta["skipped_files"] == 0
-
-
-def test_training_on_prepared_text_reports_bits_per_byte(corpus, tmp_path, run_dir):
-    """data.name=text trains on the token files; val/bpb = val/loss / ln 2 x tokens / bytes of the split."""
-    out = tmp_path / "tokens"
-    assert prepare_main(["--out", str(out), "--val-fraction", "0.3", str(corpus)]) == 0
-    meta = json.loads((out / "meta.json").read_text())
-    overrides = ["run.device=cpu", "tracker.name=none", f"run.output_dir={run_dir}", "data.name=text",
-                 f"data.root={out}", "data.seq_len=16", "data.batch_size=4", "model.preset=nano",
-                 "trainer.max_steps=3", "trainer.val_every=null"]  # fmt: skip
-    assert train_main(overrides) == 0
-    line = [json.loads(s) for s in (run_dir / "metrics.jsonl").read_text().splitlines() if "val/bpb" in s][-1]
-    assert line["val/tokens"] == meta["val"]["tokens"] - 1 and "val/loss_floor" not in line
-    ratio = meta["val"]["tokens"] / meta["val"]["bytes"]
-    assert line["val/bpb"] == pytest.approx(line["val/loss"] / math.log(2) * ratio, rel=1e-9)
-
-
-def test_prepare_with_a_tokenizer_json(corpus, tmp_path, run_dir):
-    """A local tokenizer.json (here a word-level one trained on the corpus) tokenizes the files, is
-    copied beside the token files, and training reads the vocabulary from it."""
-    tokenizers = pytest.importorskip("tokenizers")
-    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    trainer = tokenizers.trainers.WordLevelTrainer(special_tokens=["[UNK]", "<|endoftext|>"])
-    tokenizer.train([str(p) for p in corpus.rglob("*.txt")], trainer)
-    tokenizer.save(str(tmp_path / "tokenizer.json"))
-    out = tmp_path / "tokens"
-    assert prepare_main(["--out", str(out), "--tokenizer", str(tmp_path / "tokenizer.json"), str(corpus)]) == 0
-    meta = json.loads((out / "meta.json").read_text())
-    assert meta["tokenizer"] == "tokenizer.json" and (out / "tokenizer.json").is_file()
-    assert meta["vocab_size"] == tokenizer.get_vocab_size() and meta["eot"] == tokenizer.token_to_id("<|endoftext|>")
-    overrides = ["run.device=cpu", "tracker.name=none", f"run.output_dir={run_dir}", "data.name=text",
-                 f"data.root={out}", "data.seq_len=8", "data.batch_size=4", "model.preset=nano",
-                 "trainer.max_steps=2"]  # fmt: skip
-    assert train_main(overrides) == 0
-    assert latest_checkpoint_vocab(run_dir) == tokenizer.get_vocab_size()
-
-
-def latest_checkpoint_vocab(run_dir) -> int:
-    from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import latest_checkpoint
-
-    return latest_checkpoint(run_dir / "checkpoints")[1]["model"]["tok_emb.weight"].shape[0]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("arguments", "message"),
-    [
-        (["--val-fraction", "1.5"], "--val-fraction=1.5 must be between 0 and 1"),
-        (["--tokenizer", "missing.json"], "--tokenizer 'missing.json': no such file"),
-        (["no/such/dir"], "no/such/dir: no such file or directory"),
-    ],
-)
-def test_prepare_refuses_bad_input_with_one_line(corpus, tmp_path, arguments, message):
-    paths = [] if arguments == ["no/such/dir"] else [str(corpus)]
-    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.prepare", "--out", str(tmp_path / "o"), *arguments, *paths]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2 and result.stderr.strip().count("\n") == 0, result.stderr
-    assert message in result.stderr and "Traceback" not in result.stderr
-
-
-def test_text_data_without_prepared_files_is_a_config_error(tmp_path, capsys):
-    assert (
-        train_main(["run.device=cpu", f"run.output_dir={tmp_path / 'r'}", "data.name=text", f"data.root={tmp_path}"])
-        == 2
-    )
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "meta.json" in err[0] and ".prepare --out" in err[0], err
+def test_token_files_read_as_one_stream(tmp_path):
+    """A split in several files (prepare's shards) reads as their concatenation: a window that spans
+    two files, and the same windows as from one file."""
+    tokens = np.arange(1000, dtype=np.uint16)
+    for index, start in enumerate(range(0, 1000, 300)):
+        tokens[start : start + 300].tofile(tmp_path / f"train_{index:06d}.bin")
+    tokens.tofile(tmp_path / "one.bin")
+    sharded = Tokens(paths=sorted(tmp_path.glob("train_*.bin")))
+    whole = Tokens(paths=[tmp_path / "one.bin"])
+    assert len(sharded) == len(whole) == 1000
+    assert torch.equal(sharded.window(295, 10), torch.arange(295, 305))  # across files 0 and 1
+    assert np.array_equal(sharded.read(0, 1000), tokens) and np.array_equal(sharded.read(599, 901), tokens[599:901])
+    a, b = TrainWindows(sharded, seq_len=16, seed=3), TrainWindows(whole, seq_len=16, seed=3)
+    assert all(torch.equal(a[(epoch, i)], b[(epoch, i)]) for epoch in (0, 1) for i in range(len(a)))

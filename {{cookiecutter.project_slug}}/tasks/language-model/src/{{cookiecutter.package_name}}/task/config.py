@@ -21,7 +21,7 @@ class DataConfig(DataBase):
     """synthetic (text from a random Markov source with a known entropy rate, made in memory) or text
     (token files written by `python -m PACKAGE.prepare` in data.root)."""
     root: str = "data"
-    """text: the directory PACKAGE.prepare wrote (train.bin, val.bin, meta.json)."""
+    """text: the directory PACKAGE.prepare wrote (meta.json and the token files it names)."""
     seq_len: int = 128
     """Tokens per training sequence (the model's context length)."""
     batch_size: int = 32

@@ -89,28 +89,49 @@ class MarkovSource:
 
 
 class Tokens:
-    """A 1-D token array: in memory, or a file mapped on first use in each process (workers too)."""
+    """A 1-D token array: in memory, or the token files of one split (prepare's shards) read as one
+    stream, each file mapped on first use in each process (workers too)."""
 
-    def __init__(self, array: np.ndarray | None = None, path: Path | None = None, dtype: str = "uint16"):
-        self.array, self.path, self.dtype = array, path, dtype
+    def __init__(self, array: np.ndarray | None = None, paths: list[Path] = (), dtype: str = "uint16"):
+        self.array, self.paths, self.dtype = array, list(paths), dtype
+        self.parts: list[np.ndarray] | None = None
+        if array is not None:
+            self.starts = np.array([0, len(array)])
+        else:
+            sizes = [path.stat().st_size // np.dtype(dtype).itemsize for path in self.paths]
+            self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
-    def __getstate__(self):  # a worker maps the file itself instead of receiving a copy of it
+    def __getstate__(self):  # a worker maps the files itself instead of receiving a copy of them
         state = dict(self.__dict__)
-        if self.path is not None:
-            state["array"] = None
+        if self.paths:
+            state["parts"] = None
         return state
 
     def __len__(self) -> int:
-        return len(self.data)
+        return int(self.starts[-1])
 
-    @property
-    def data(self) -> np.ndarray:
-        if self.array is None:
-            self.array = np.memmap(self.path, dtype=self.dtype, mode="r")
-        return self.array
+    def _mapped(self) -> list[np.ndarray]:
+        if self.parts is None:
+            self.parts = (
+                [self.array]
+                if self.array is not None
+                else [np.memmap(p, dtype=self.dtype, mode="r") for p in self.paths]
+            )
+        return self.parts
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) of the stream (a view when they lie in one file, else a copy)."""
+        parts, first = self._mapped(), int(np.searchsorted(self.starts, start, side="right")) - 1
+        pieces = []
+        for index in range(first, len(parts)):
+            offset = int(self.starts[index])
+            if offset >= stop:
+                break
+            pieces.append(parts[index][max(start - offset, 0) : stop - offset])
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     def window(self, start: int, length: int) -> torch.Tensor:
-        return torch.from_numpy(self.data[start : start + length].astype(np.int64))
+        return torch.from_numpy(self.read(start, start + length).astype(np.int64))
 
 
 class TrainWindows(Dataset):
@@ -171,10 +192,10 @@ class DeviceWindows:
 
     def __init__(self, windows: TrainWindows | ValWindows, device: torch.device):
         self.windows, self.device, self.seq_len = windows, device, windows.seq_len
-        data = windows.tokens.data
-        self.tokens = torch.empty(len(data), dtype=torch.int32, device=device)
-        for start in range(0, len(data), self.CHUNK):
-            chunk = torch.from_numpy(data[start : start + self.CHUNK].astype(np.int32))
+        tokens = windows.tokens
+        self.tokens = torch.empty(len(tokens), dtype=torch.int32, device=device)
+        for start in range(0, len(tokens), self.CHUNK):
+            chunk = torch.from_numpy(tokens.read(start, start + self.CHUNK).astype(np.int32))
             self.tokens[start : start + len(chunk)].copy_(chunk)
         self.span = torch.arange(self.seq_len + 1, device=device)
 
@@ -207,14 +228,16 @@ def build_datasets(cfg: DataConfig, seed: int) -> tuple[TrainWindows, ValWindows
         val = Tokens(source.sample(cfg.val_tokens, streams=16, seed=DATA_SEED + 2))
         info = TokenData(cfg.vocab_size, 1.0, source.entropy_rate(), AlphabetTokenizer(cfg.vocab_size))
     else:
-        meta = read_meta(Path(cfg.root))
         root = Path(cfg.root)
-        train = Tokens(path=root / "train.bin", dtype=meta["dtype"])
-        val = Tokens(path=root / "val.bin", dtype=meta["dtype"])
+        meta = read_meta(root)
+        train, val = (
+            Tokens(paths=[root / name for name in meta[split]["files"]], dtype=meta["dtype"])
+            for split in ("train", "val")
+        )
         for split, tokens in (("train", train), ("val", val)):
             if len(tokens) != meta[split]["tokens"]:
                 raise DataError(
-                    f"data.root={cfg.root!r}: {split}.bin holds {len(tokens)} tokens, meta.json says "
+                    f"data.root={cfg.root!r}: the {split} files hold {len(tokens)} tokens, meta.json says "
                     f"{meta[split]['tokens']}; run prepare again"
                 )
         tokenizer = ByteTokenizer() if meta["tokenizer"] == "bytes" else HFTokenizer(root / meta["tokenizer"])
@@ -238,4 +261,11 @@ def read_meta(root: Path) -> dict:
         raise DataError(f"{path}: missing {', '.join(missing)}; it was not written by prepare, run prepare again")
     if meta["dtype"] not in ("uint16", "uint32"):
         raise DataError(f"{path}: dtype {meta['dtype']!r} is not uint16 or uint32")
+    for split in ("train", "val"):  # format 1 (one file per split) names no files
+        files = meta[split].setdefault("files", [f"{split}.bin"]) if isinstance(meta[split], dict) else None
+        if not isinstance(files, list) or not all(isinstance(f, str) and "/" not in f for f in files):
+            raise DataError(f"{path}: {split}.files must be a list of file names in data.root")
+        missing = [name for name in files if not (root / name).is_file()]
+        if missing:
+            raise DataError(f"data.root={str(root)!r}: {missing[0]} is missing; run prepare again")
     return meta

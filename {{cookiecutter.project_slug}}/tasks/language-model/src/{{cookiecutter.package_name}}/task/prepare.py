@@ -1,18 +1,38 @@
-"""Tokenize text files into the memory-mapped token files training reads (data.name=text).
+"""Tokenize text into the memory-mapped token files training reads (data.name=text).
 
-    python -m PACKAGE.prepare --out data/corpus [--val-fraction 0.05] [--tokenizer bytes|tokenizer.json]
-        [--glob '*.py'] PATH...
+    python -m PACKAGE.prepare --out data/corpus [--tokenizer bytes|tokenizer.json] [--val-fraction 0.05]
+        [--val-files PATH...] [--doc-sep STRING] [--text-key text] [--glob '*.py'] [--workers N]
+        [--shard-tokens N] PATH...
 
-Each PATH is a text file or a directory read recursively (the files whose names match --glob,
-default all; hidden files and folders skipped; files that are not UTF-8 text skipped and
-counted). Every file is one document; a document goes to the validation split when a hash of its
-path relative to its PATH falls below --val-fraction, so the split does not depend on the order
-files are found in, or on which other files exist. Documents are separated by the tokenizer's
-end-of-document token.
+Each PATH is a file, a Hugging Face `datasets` folder (written by save_to_disk; read offline), or a
+directory read recursively (the files whose names match --glob, default all; hidden files and
+folders skipped). What a file holds follows its name:
 
-Writes into --out (a new or empty directory): train.bin and val.bin (token ids, uint16 when the
-vocabulary fits, else uint32), meta.json (tokenizer, vocabulary size, dtype, and per split the
-tokens, bytes of text and documents), and the tokenizer.json when one was given. Train with:
+    *.jsonl, *.jsonl.gz  one document per line, a JSON object whose --text-key (default text) is a string
+    *.parquet            one document per row, its --text-key column
+    anything else        UTF-8 text: one document, or several cut by --doc-sep (e.g. '\\n\\n', a blank
+                         line, or '<|endoftext|>'); files that are not UTF-8 are skipped and counted
+
+Empty documents are left out; every other document ends with the tokenizer's end-of-document token.
+
+Splitting, written into meta.json as split.rule:
+    files  --val-files names the validation inputs; everything else trains.
+    tail   one text file and no --doc-sep (one document, e.g. a book): the last --val-fraction of its
+           bytes is validation, cut after a line end (nanoGPT's and run_clm's rule).
+    hash   several documents: a document is validation when a hash of its identity falls below
+           --val-fraction, so the split does not depend on the order inputs are found in, on which
+           other inputs exist, or on --workers. The identity is the file's name relative to its
+           PATH, with '#i' for the i-th piece --doc-sep cut (from 0), ':LINE' for a JSON line (from
+           1) and ':ROW' for a Parquet or datasets row (from 0). When only whole files are read and
+           the fraction leaves a split empty, the file with the smallest hash is validation.
+
+Prepare streams: it holds a few megabytes of text at a time, however large the corpus, and
+`--workers N` tokenizes in N processes, writing the same bytes as one. Writes into --out (a new
+or empty directory; it appears complete or not at all): the token ids (uint16 when the vocabulary
+fits, else uint32) in shards of --shard-tokens tokens, train_000000.bin, ... and val_000000.bin,
+... (training reads each split's shards as one stream), meta.json (the tokenizer, vocabulary,
+dtype, the split rule, and per split its files and its tokens, bytes of text and documents), and
+the tokenizer.json when one was given. Train with:
 
     python -m PACKAGE.train data.name=text data.root=data/corpus
 """
@@ -20,11 +40,18 @@ tokens, bytes of text and documents), and the tokenizer.json when one was given.
 from __future__ import annotations
 
 import argparse
-import contextlib
+import codecs
+import collections
+import concurrent.futures
+import gzip
 import hashlib
 import json
+import multiprocessing
+import os
 import shutil
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,23 +59,61 @@ import numpy as np
 from ..engine import PACKAGE, cli
 from ..engine.ckpt.files import writing
 from ..engine.errors import ConfigError, DataError
-from .tokenizer import load_tokenizer
+from .tokenizer import ByteTokenizer, load_tokenizer
 
-FORMAT = 1
+FORMAT = 2  # 1: one train.bin and one val.bin (still read by data.py)
+SHARD_TOKENS = 100_000_000  # about 200 MB of uint16 per shard
+PIECE = 1 << 20  # bytes of a long text file encoded at a time, cut after a line end
+JOB = 4 << 20  # bytes of text per tokenizing job: a worker's share of the work at a time
+DATASET_FILES = ("state.json", "dataset_info.json")  # what save_to_disk writes beside its .arrow files
 
 
-def find_documents(paths: list[str], pattern: str = "*") -> list[tuple[Path, str]]:
-    """(file, its name relative to the PATH it was found under), sorted; hidden entries skipped."""
+@dataclass(frozen=True)
+class Source:
+    """One input: a file or a datasets folder, named relative to the PATH it was found under."""
+
+    path: Path
+    name: str
+    kind: str  # text, jsonl, parquet or datasets
+    val: bool | None = None  # --val-files decides (True / False) or the document's hash does (None)
+
+
+@dataclass
+class Piece:
+    """Text to encode: all of a document, or a part of a long one (start and end say which)."""
+
+    split: str
+    raw: bytes  # UTF-8, checked
+    start: bool  # a document (or, for the tail rule, a split's part of it) begins here
+    end: bool  # the document ends here: the end-of-document token follows
+
+
+def kind_of(path: Path) -> str:
+    if path.is_dir():
+        return "datasets"
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz")):
+        return "jsonl"
+    if name.endswith(".parquet"):
+        return "parquet"
+    return "text"
+
+
+def is_dataset(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in DATASET_FILES)
+
+
+def find_sources(paths: list[str], pattern: str = "*", val: bool | None = None) -> list[Source]:
+    """The inputs under paths, in the order given and sorted within a directory; hidden entries skipped."""
     found = []
     for given in paths:
         root = Path(given)
-        if root.is_file():
-            found.append((root, root.name))
+        if root.is_file() or (root.is_dir() and is_dataset(root)):
+            found.append(Source(root, root.name, kind_of(root), val))
+        elif root.is_dir() and (root / "dataset_dict.json").is_file():
+            raise ConfigError(dataset_dict_advice(root))
         elif root.is_dir():
-            for path in sorted(root.rglob(pattern)):
-                relative = path.relative_to(root)
-                if path.is_file() and not any(part.startswith(".") for part in relative.parts):
-                    found.append((path, relative.as_posix()))
+            found.extend(_walk(root, pattern, val))
         else:
             raise ConfigError(f"{given}: no such file or directory")
     if not found:
@@ -56,74 +121,505 @@ def find_documents(paths: list[str], pattern: str = "*") -> list[tuple[Path, str
     return found
 
 
+def _walk(root: Path, pattern: str, val: bool | None) -> list[Source]:
+    found = []
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder)
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in list(dirs):
+            if is_dataset(here / name):  # one input, not a folder of .arrow files
+                dirs.remove(name)
+                found.append(Source(here / name, (here / name).relative_to(root).as_posix(), "datasets", val))
+        for name in sorted(f for f in files if not f.startswith(".")):
+            path = here / name
+            if path.match(pattern) or Path(name).match(pattern):
+                found.append(Source(path, path.relative_to(root).as_posix(), kind_of(path), val))
+    return sorted(found, key=lambda source: source.name)
+
+
+def dataset_dict_advice(folder: Path) -> str:
+    try:
+        splits = json.loads((folder / "dataset_dict.json").read_text(encoding="utf-8"))["splits"]
+    except (OSError, ValueError, KeyError, TypeError):
+        splits = []
+    named = ", ".join(splits) or "its splits"
+    return (
+        f"{folder} holds several datasets ({named}): name them, e.g. {folder / 'train'} --val-files "
+        f"{folder / (splits[-1] if len(splits) > 1 else 'validation')}"
+    )
+
+
 def goes_to_val(name: str, fraction: float) -> bool:
-    """Deterministic: the same name lands in the same split on every machine."""
-    digest = int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "big")
-    return digest / 2**64 < fraction
+    """Deterministic: the same identity lands in the same split on every machine."""
+    return _hash(name) / 2**64 < fraction
 
 
-def prepare(paths: list[str], out: Path, val_fraction: float, tokenizer_spec: str, pattern: str = "*") -> dict:
-    """Write train.bin, val.bin and meta.json into out; return the meta."""
+def _hash(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "big")
+
+
+# Reading documents: each reader yields (identity, raw UTF-8 bytes) per document, a few MB at a time.
+
+
+def _text_key(value, where: str, key: str) -> bytes:
+    if value is None:
+        return b""
+    if not isinstance(value, str):
+        raise DataError(f"{where}: {key!r} is {type(value).__name__}, not text; name the text field with --text-key")
+    return value.encode("utf-8")
+
+
+def read_jsonl(source: Source, key: str) -> Iterator[tuple[str, bytes]]:
+    opener = gzip.open if source.path.name.lower().endswith(".gz") else open
+    try:
+        with opener(source.path, "rb") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                where = f"{source.path}:{number}"
+                try:
+                    record = json.loads(line)
+                except ValueError as err:
+                    raise DataError(f"{where}: not a JSON line ({err})") from None
+                if not isinstance(record, dict) or key not in record:
+                    fields = ", ".join(map(repr, record)) if isinstance(record, dict) else type(record).__name__
+                    raise DataError(f"{where}: no {key!r} field (it has {fields}); name the text field with --text-key")
+                yield f"{source.name}:{number}", _text_key(record[key], where, key)
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise DataError(f"cannot read {source.path} ({getattr(err, 'strerror', None) or err})") from None
+
+
+def unescape(separator: str) -> str:
+    """--doc-sep as typed: '\\n' and '\\t' stand for a line end and a tab (so '\\n\\n' is a blank line)."""
+    return separator.replace("\\n", "\n").replace("\\t", "\t")
+
+
+def _pyarrow():
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401  (the submodule is imported for its side effect)
+    except ImportError:
+        raise ConfigError("Parquet and datasets inputs need pyarrow: pip install -e '.[data]'") from None
+    return pyarrow
+
+
+def _column_batches(source: Source, key: str, batches, schema) -> Iterator[tuple[str, bytes]]:
+    if key not in schema.names:
+        raise DataError(
+            f"{source.path}: no {key!r} column (it has {', '.join(schema.names)}); name the text column with --text-key"
+        )
+    if str(schema.field(key).type) not in ("string", "large_string", "string_view"):
+        raise DataError(
+            f"{source.path}: column {key!r} is {schema.field(key).type}, not text; name one with --text-key"
+        )
+    row = 0
+    for batch in batches:
+        for value in batch.column(key).to_pylist():
+            yield f"{source.name}:{row}", _text_key(value, source.path, key)
+            row += 1
+
+
+def read_parquet(source: Source, key: str) -> Iterator[tuple[str, bytes]]:
+    pa = _pyarrow()
+    try:
+        table = pa.parquet.ParquetFile(source.path)
+    except (OSError, pa.ArrowException) as err:
+        raise DataError(f"{source.path}: not a Parquet file ({err})") from None
+    schema = table.schema_arrow
+    columns = [key] if key in schema.names else None
+    yield from _column_batches(source, key, table.iter_batches(batch_size=1024, columns=columns), schema)
+
+
+def read_dataset(source: Source, key: str) -> Iterator[tuple[str, bytes]]:
+    """A datasets folder written by save_to_disk: its .arrow files (Arrow streams) in state.json's order."""
+    pa = _pyarrow()
+    try:
+        state = json.loads((source.path / "state.json").read_text(encoding="utf-8"))
+        files = [source.path / entry["filename"] for entry in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise DataError(f"{source.path}/state.json: not written by datasets' save_to_disk ({err})") from None
+    row = 0
+    for path in files:
+        try:
+            reader = pa.ipc.open_stream(pa.memory_map(str(path)))
+        except (OSError, pa.ArrowException) as err:
+            raise DataError(f"{path}: not an Arrow stream ({err})") from None
+        for _, raw in _column_batches(source, key, reader, reader.schema):
+            yield f"{source.name}:{row}", raw
+            row += 1
+
+
+def read_text(source: Source, separator: bytes | None) -> Iterator[tuple[str, bytes]]:
+    """A text file as one document, or the documents separator cuts it into (each whole in memory)."""
+    if separator is None:
+        yield source.name, _read(source.path)
+        return
+    rest, index = b"", 0
+    for block in _blocks(source.path):
+        parts = (rest + block).split(separator)
+        for part in parts[:-1]:
+            yield f"{source.name}#{index}", part
+            index += 1
+        rest = parts[-1]
+    yield f"{source.name}#{index}", rest
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as err:
+        raise DataError(f"cannot read {path} ({err.strerror or err})") from None
+
+
+def _blocks(path: Path, size: int = PIECE) -> Iterator[bytes]:
+    try:
+        with open(path, "rb") as file:
+            while block := file.read(size):
+                yield block
+    except OSError as err:
+        raise DataError(f"cannot read {path} ({err.strerror or err})") from None
+
+
+def line_pieces(path: Path, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, bytes]]:
+    """(offset, bytes) of path[start:stop] in pieces of about PIECE bytes, each cut after a line end
+    (else at a character boundary), so that no piece splits a character."""
+    carry, offset = b"", start
+    try:
+        with open(path, "rb") as file:
+            file.seek(start)
+            left = None if stop is None else stop - start
+            while True:
+                block = file.read(PIECE if left is None else min(PIECE, left))
+                if left is not None:
+                    left -= len(block)
+                data = carry + block
+                if not block:
+                    break
+                cut = data.rfind(b"\n") + 1 or _char_boundary(data)
+                if cut:
+                    yield offset, data[:cut]
+                    offset += cut
+                carry = data[cut:]
+    except OSError as err:
+        raise DataError(f"cannot read {path} ({err.strerror or err})") from None
+    if data:
+        yield offset, data
+
+
+def _char_boundary(data: bytes) -> int:
+    """The last position in data where a UTF-8 character starts (0 for none)."""
+    for back in range(1, min(4, len(data)) + 1):
+        if data[-back] & 0xC0 != 0x80:
+            return len(data) - back
+    return 0
+
+
+def tail_cut(path: Path, fraction: float) -> int:
+    """The byte offset where the last `fraction` of path begins: just after the first line end at or past
+    (1 - fraction) x its size; else after the last line end before it; else at a character start."""
+    size = path.stat().st_size
+    target = int(size * (1 - fraction))
+    with open(path, "rb") as file:
+        file.seek(target)
+        while block := file.read(PIECE):
+            found = block.find(b"\n")
+            if found >= 0:
+                cut = target + found + 1
+                return cut if cut < size else _cut_before(file, target)
+            target += len(block)
+        return _cut_before(file, int(size * (1 - fraction)))
+
+
+def _cut_before(file, target: int) -> int:
+    """After the last line end before target, else the start of the character holding byte target."""
+    start = max(0, target - PIECE)
+    file.seek(start)
+    head = file.read(target - start + 1)
+    found = head.rfind(b"\n", 0, target - start)
+    if found >= 0:
+        return start + found + 1
+    position = target
+    while position > start and head[position - start] & 0xC0 == 0x80:  # a UTF-8 continuation byte
+        position -= 1
+    return position
+
+
+# Encoding: the same in the main process and in --workers processes.
+
+_TOKENIZER = None
+
+
+def _load_worker(spec: str) -> None:
+    global _TOKENIZER
+    _TOKENIZER = load_tokenizer(spec)
+
+
+def encode_pieces(pieces: list[Piece], dtype: str, tokenizer=None) -> list[np.ndarray]:
+    """The token ids of each piece, the end-of-document token after each that ends one."""
+    tokenizer = tokenizer or _TOKENIZER
+    if isinstance(tokenizer, ByteTokenizer):
+        encoded = [np.frombuffer(piece.raw, dtype=np.uint8) for piece in pieces]
+    else:
+        encoded = [np.asarray(ids, dtype=np.int64) for ids in tokenizer.encode_batch([p.raw.decode() for p in pieces])]
+    out = []
+    for ids, piece in zip(encoded, pieces, strict=True):
+        ends = piece.end and tokenizer.eot is not None
+        array = np.empty(len(ids) + ends, dtype=dtype)
+        array[: len(ids)] = ids
+        if ends:
+            array[-1] = tokenizer.eot
+        out.append(array)
+    return out
+
+
+class SplitWriter:
+    """One split's token ids into shards of at most shard_tokens tokens: SPLIT_000000.bin, ..."""
+
+    def __init__(self, folder: Path, split: str, dtype: str, shard_tokens: int):
+        self.folder, self.split, self.dtype, self.shard_tokens = folder, split, dtype, shard_tokens
+        self.files: list[str] = []
+        self.file = None
+        self.room = 0
+        self.stats = {"tokens": 0, "bytes": 0, "documents": 0}
+
+    def write(self, piece: Piece, ids: np.ndarray) -> None:
+        self.stats["tokens"] += len(ids)
+        self.stats["bytes"] += len(piece.raw)
+        self.stats["documents"] += piece.start
+        while len(ids):
+            if not self.room:
+                self._next_shard()
+            self.file.write(ids[: self.room].tobytes())
+            taken = min(self.room, len(ids))
+            self.room -= taken
+            ids = ids[taken:]
+
+    def _next_shard(self) -> None:
+        self.close()
+        self.files.append(f"{self.split}_{len(self.files):06d}.bin")
+        self.file = open(self.folder / self.files[-1], "wb")  # noqa: SIM115  (closed in close())
+        self.room = self.shard_tokens
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+@dataclass
+class Options:
+    val_fraction: float = 0.05
+    tokenizer: str = "bytes"
+    pattern: str = "*"
+    doc_sep: str | None = None
+    text_key: str = "text"
+    workers: int = 1
+    shard_tokens: int = SHARD_TOKENS
+
+
+class Plan:
+    """Which split each document goes to, and the pieces to encode, in order."""
+
+    def __init__(self, sources: list[Source], options: Options):
+        self.sources, self.options = sources, options
+        self.separator = None if options.doc_sep is None else unescape(options.doc_sep).encode("utf-8")
+        self.skipped = 0
+        explicit = any(source.val is not None for source in sources)
+        whole_files = self.separator is None and all(source.kind == "text" for source in sources)
+        if explicit:
+            self.rule = "files"
+        elif whole_files and len(sources) == 1:
+            self.rule = "tail"
+        else:
+            self.rule = "hash"
+        self.val_names: set[str] | None = None  # whole files: decided up front, with today's fallback
+        if self.rule == "hash" and whole_files:
+            names = [source.name for source in sources]
+            self.val_names = {name for name in names if goes_to_val(name, options.val_fraction)}
+            if not self.val_names or len(self.val_names) == len(names):  # too few files for the fraction
+                self.val_names = {min(names, key=_hash)}
+        self.cut: int | None = None
+
+    def split_of(self, source: Source, identity: str) -> str:
+        if source.val is not None:
+            return "val" if source.val else "train"
+        if self.val_names is not None:
+            return "val" if identity in self.val_names else "train"
+        return "val" if goes_to_val(identity, self.options.val_fraction) else "train"
+
+    def pieces(self) -> Iterator[Piece]:
+        for source in self.sources:
+            if source.kind == "text" and self.separator is None:
+                yield from self._file_pieces(source)
+                continue
+            for identity, raw in self._documents(source):
+                if not raw:
+                    continue
+                yield from _long_pieces(self.split_of(source, identity), raw)
+
+    def _documents(self, source: Source) -> Iterator[tuple[str, bytes]]:
+        if source.kind == "jsonl":
+            return read_jsonl(source, self.options.text_key)
+        if source.kind == "parquet":
+            return read_parquet(source, self.options.text_key)
+        if source.kind == "datasets":
+            return read_dataset(source, self.options.text_key)
+        return self._checked(read_text(source, self.separator), source)
+
+    def _checked(self, documents: Iterator[tuple[str, bytes]], source: Source) -> Iterator[tuple[str, bytes]]:
+        """Text documents, the file skipped (and counted) when its first one is not UTF-8."""
+        for index, (identity, raw) in enumerate(documents):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                if index == 0:
+                    self.skipped += 1
+                    return
+                raise DataError(f"{source.path}: not UTF-8 in document {identity} ({err.reason})") from None
+            yield identity, raw
+
+    def _file_pieces(self, source: Source) -> Iterator[Piece]:
+        """A whole text file as one document, streamed in pieces; for the tail rule, its last part is val."""
+        size = source.path.stat().st_size
+        if self.rule == "tail":
+            self.cut = tail_cut(source.path, self.options.val_fraction)
+            parts = (("train", 0, self.cut), ("val", self.cut, size))
+        else:
+            parts = ((self.split_of(source, source.name), 0, size),)
+        decoder = codecs.getincrementaldecoder("utf-8")()
+        for split, start, stop in parts:
+            first, previous = True, None
+            for offset, raw in line_pieces(source.path, start, stop):
+                try:
+                    decoder.decode(raw)
+                except UnicodeDecodeError as err:
+                    if offset == 0:
+                        self.skipped += 1
+                        return
+                    raise DataError(
+                        f"{source.path}: not UTF-8 at byte {offset + err.start} (after {offset} bytes that were); "
+                        "remove it, or leave it out with --glob"
+                    ) from None
+                if previous is not None:
+                    yield previous
+                previous, first = Piece(split, raw, first, False), False
+            if previous is not None:
+                previous.end = stop == size
+                yield previous
+
+
+def _long_pieces(split: str, raw: bytes) -> Iterator[Piece]:
+    """A document in memory as pieces of about PIECE bytes cut after line ends (one piece when short)."""
+    if len(raw) <= PIECE:
+        yield Piece(split, raw, True, True)
+        return
+    start = 0
+    while start < len(raw):
+        stop = min(len(raw), start + PIECE)
+        if stop < len(raw):
+            stop = start + (raw.rfind(b"\n", start, stop) + 1 - start or _char_boundary(raw[start:stop]) or PIECE)
+        yield Piece(split, raw[start:stop], start == 0, stop == len(raw))
+        start = stop
+
+
+def jobs(pieces: Iterator[Piece]) -> Iterator[list[Piece]]:
+    """Pieces grouped into jobs of about JOB bytes, in order."""
+    job, size = [], 0
+    for piece in pieces:
+        job.append(piece)
+        size += len(piece.raw)
+        if size >= JOB:
+            yield job
+            job, size = [], 0
+    if job:
+        yield job
+
+
+def encoded(plan: Plan, tokenizer, dtype: str, workers: int) -> Iterator[tuple[Piece, np.ndarray]]:
+    """(piece, its ids) in the plan's order; with workers > 1 encoded by that many processes, a bounded
+    number of jobs ahead, so memory does not grow with the corpus."""
+    if workers == 1:
+        for job in jobs(plan.pieces()):
+            yield from zip(job, encode_pieces(job, dtype, tokenizer), strict=True)
+        return
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_load_worker, initargs=(plan.options.tokenizer,)
+    ) as pool:
+        pending = collections.deque()
+        for job in jobs(plan.pieces()):
+            pending.append((job, pool.submit(encode_pieces, job, dtype)))
+            if len(pending) > 2 * workers:
+                done, future = pending.popleft()
+                yield from zip(done, future.result(), strict=True)
+        while pending:
+            done, future = pending.popleft()
+            yield from zip(done, future.result(), strict=True)
+
+
+def prepare(paths: list[str], out: Path, options: Options, val_paths: list[str] = ()) -> dict:
+    """Write the token shards and meta.json into out; return the meta."""
     with writing(out):  # a full disk or a read-only folder: one line, exit 1
-        return _prepare(paths, out, val_fraction, tokenizer_spec, pattern)
+        return _prepare(paths, out, options, list(val_paths))
 
 
-def _prepare(paths: list[str], out: Path, val_fraction: float, tokenizer_spec: str, pattern: str) -> dict:
-    if not 0.0 < val_fraction < 1.0:
-        raise ConfigError(f"--val-fraction={val_fraction} must be between 0 and 1 (exclusive)")
+def _check(paths: list[str], out: Path, options: Options, val_paths: list[str]) -> None:
+    if not 0.0 < options.val_fraction < 1.0:
+        raise ConfigError(f"--val-fraction={options.val_fraction} must be between 0 and 1 (exclusive)")
+    if options.workers < 1:
+        raise ConfigError(f"--workers={options.workers} must be at least 1")
+    if options.shard_tokens < 1:
+        raise ConfigError(f"--shard-tokens={options.shard_tokens} must be at least 1")
+    if options.doc_sep == "":
+        raise ConfigError("--doc-sep must not be empty (leave it out: each file is one document)")
+    both = {os.path.abspath(p) for p in paths} & {os.path.abspath(p) for p in val_paths}
+    if both:
+        raise ConfigError(f"{sorted(both)[0]} is named both as an input and in --val-files")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {out}: exists and is not an empty directory; name a new one (nothing was changed)")
-    tokenizer = load_tokenizer(tokenizer_spec)
-    documents = find_documents(paths, pattern)
-    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    splits = {name: {"tokens": 0, "bytes": 0, "documents": 0} for name in ("train", "val")}
-    val_names = {name for _, name in documents if goes_to_val(name, val_fraction)}
-    if not val_names or len(val_names) == len(documents):  # too few files for the fraction: one goes to val
-        if len(documents) < 2:
-            raise DataError("prepare needs at least two documents (files): one for each split")
-        val_names = {min((name for _, name in documents), key=lambda n: hashlib.sha256(n.encode()).digest())}
-    skipped = 0
+
+
+def _prepare(paths: list[str], out: Path, options: Options, val_paths: list[str]) -> dict:
+    _check(paths, out, options, val_paths)
+    tokenizer = load_tokenizer(options.tokenizer)
+    if val_paths:
+        sources = find_sources(paths, options.pattern, val=False) + find_sources(val_paths, options.pattern, val=True)
+    else:
+        sources = find_sources(paths, options.pattern)
+    plan = Plan(sources, options)
+    dtype = "uint16" if tokenizer.vocab_size <= 2**16 else "uint32"
     staging = out.with_name(f".{out.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    with contextlib.ExitStack() as stack:
-        files = {name: stack.enter_context(open(staging / f"{name}.bin", "wb")) for name in splits}
-        for path, name in documents:
-            try:
-                raw = path.read_bytes()
-            except OSError as err:
-                raise DataError(f"cannot read {path} ({err.strerror or err})") from None
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                skipped += 1
-                continue
-            ids = tokenizer.encode(text)
-            if tokenizer.eot is not None:
-                ids.append(tokenizer.eot)
-            split = "val" if name in val_names else "train"
-            files[split].write(np.asarray(ids, dtype=dtype).tobytes())
-            stats = splits[split]
-            stats["tokens"] += len(ids)
-            stats["bytes"] += len(raw)
-            stats["documents"] += 1
-    for name, stats in splits.items():
-        if stats["tokens"] < 2:
+    writers = {split: SplitWriter(staging, split, dtype, options.shard_tokens) for split in ("train", "val")}
+    try:
+        for piece, ids in encoded(plan, tokenizer, dtype, options.workers):
+            writers[piece.split].write(piece, ids)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        for writer in writers.values():
+            writer.close()
+    for name, writer in writers.items():
+        if writer.stats["tokens"] < 2:
             shutil.rmtree(staging)
-            raise DataError(f"the {name} split has no text (every file of it was empty or not UTF-8)")
+            raise DataError(_empty_split(name, plan))
     meta = {
         "format": FORMAT,
-        "tokenizer": "bytes" if tokenizer_spec == "bytes" else "tokenizer.json",
+        "tokenizer": "bytes" if options.tokenizer == "bytes" else "tokenizer.json",
         "vocab_size": tokenizer.vocab_size,
         "eot": tokenizer.eot,
-        "dtype": np.dtype(dtype).name,
-        "train": splits["train"],
-        "val": splits["val"],
-        "skipped_files": skipped,
-        "val_fraction": val_fraction,
+        "dtype": dtype,
+        "split": _split_meta(plan),
+        **{name: {**writer.stats, "files": writer.files} for name, writer in writers.items()},
+        "skipped_files": plan.skipped,
+        "val_fraction": options.val_fraction,
+        "shard_tokens": options.shard_tokens,
+        "inputs": dict(collections.Counter(source.kind for source in sources)),
     }
-    if tokenizer_spec != "bytes":
-        shutil.copyfile(tokenizer_spec, staging / "tokenizer.json")
+    if options.tokenizer != "bytes":
+        shutil.copyfile(options.tokenizer, staging / "tokenizer.json")
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     if out.exists():
         out.rmdir()  # empty, checked above
@@ -131,24 +627,53 @@ def _prepare(paths: list[str], out: Path, val_fraction: float, tokenizer_spec: s
     return meta
 
 
+def _split_meta(plan: Plan) -> dict:
+    if plan.rule == "files":
+        return {"rule": "files", "val_inputs": [s.name for s in plan.sources if s.val]}
+    if plan.rule == "tail":
+        return {"rule": "tail", "val_fraction": plan.options.val_fraction, "cut_at_byte": plan.cut}
+    return {"rule": "hash", "val_fraction": plan.options.val_fraction}
+
+
+def _empty_split(name: str, plan: Plan) -> str:
+    if plan.rule == "hash" and plan.val_names is None:
+        return (
+            f"no document went to the {name} split with --val-fraction {plan.options.val_fraction}: too few "
+            "documents for it; change --val-fraction, or name the validation inputs with --val-files"
+        )
+    return f"the {name} split has no text (every input of it was empty or not UTF-8)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.prepare", description=__doc__.split("\n\n")[0])
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="text files, or directories read recursively")
+    parser.add_argument("paths", nargs="+", metavar="PATH", help="text, .jsonl(.gz) or .parquet files, datasets "
+                        "folders (save_to_disk), or directories read recursively")  # fmt: skip
     parser.add_argument("--out", required=True, type=Path, help="a new directory for the token files")
-    parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents for validation")
+    parser.add_argument("--val-fraction", type=float, default=0.05, help="share of documents (or of one file's "
+                        "text) for validation")  # fmt: skip
+    parser.add_argument("--val-files", nargs="+", default=[], metavar="PATH", help="validation inputs (then "
+                        "every PATH trains)")  # fmt: skip
     parser.add_argument("--tokenizer", default="bytes", help="bytes (default) or the path of a tokenizer.json")
     parser.add_argument("--glob", default="*", help="in directories, read only files matching this (e.g. '*.py')")
+    parser.add_argument("--doc-sep", help="cut text files into documents at this string (e.g. '<|endoftext|>')")
+    parser.add_argument("--text-key", default="text", help="the text field of JSON lines, Parquet and datasets")
+    parser.add_argument("--workers", type=int, default=1, help="tokenizing processes (the output is the same)")
+    parser.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS, help="tokens per output file")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    return cli.run(lambda: _prepare_and_say(args))
+    options = Options(
+        args.val_fraction, args.tokenizer, args.glob, args.doc_sep, args.text_key, args.workers, args.shard_tokens
+    )
+    return cli.run(lambda: _prepare_and_say(args, options))
 
 
-def _prepare_and_say(args: argparse.Namespace) -> int:
-    meta = prepare(args.paths, args.out, args.val_fraction, args.tokenizer, args.glob)
+def _prepare_and_say(args: argparse.Namespace, options: Options) -> int:
+    meta = prepare(args.paths, args.out, options, args.val_files)
     train, val = meta["train"], meta["val"]
     print(
-        f"wrote {args.out}: train {train['tokens']} tokens ({train['documents']} documents), "
-        f"val {val['tokens']} tokens ({val['documents']} documents), vocabulary {meta['vocab_size']} "
-        f"({meta['tokenizer']}); {meta['skipped_files']} files skipped (not UTF-8)"
+        f"wrote {args.out}: train {train['tokens']} tokens ({train['documents']} documents, "
+        f"{len(train['files'])} files), val {val['tokens']} tokens ({val['documents']} documents), vocabulary "
+        f"{meta['vocab_size']} ({meta['tokenizer']}), split by {meta['split']['rule']}; "
+        f"{meta['skipped_files']} files skipped (not UTF-8)"
     )
     return 0
 
