@@ -61,6 +61,8 @@ def cpu_section(results: dict) -> str:
             f"{f['faults_per_step/resnet18/raw_cached']:.0f} page faults/step.",
             *lm_lines(results),
             *scale_lines(results),
+            *prepare_lines(results),
+            *nanogpt_lines(results),
             "",
             summary(f),
         ]
@@ -111,6 +113,51 @@ def scale_lines(results: dict) -> list[str]:
         f"Each rank's peak memory while building the model: on the meta device "
         f"{f['scale/build_peak_extra_gb/meta']:.2f} GB, whole then sharded "
         f"{f['scale/build_peak_extra_gb/eager']:.2f} GB.",
+    ]
+
+
+def prepare_lines(results: dict) -> list[str]:
+    """prepare's throughput (10): MB of text per second, plain loop vs 1 and 2 workers."""
+    f = results["figures"]
+    if "prepare/bytes/plain_mb_s" not in f:
+        return []
+    rows = [
+        "",
+        "| prepare, MB of text/s | plain loop | 1 worker | 2 workers |",
+        "|---|---|---|---|",
+    ]
+    for tokenizer, label in (("bytes", "bytes"), ("bpe", "BPE tokenizer.json, 8,192 tokens")):
+        speeds = [f[f"prepare/{tokenizer}/{c}_mb_s"] for c in ("plain", "workers1", "workers2")]
+        rows.append(f"| {label} | " + " | ".join(f"{v:.1f}" for v in speeds) + " |")
+    return [
+        "",
+        f"prepare (`bench/prepare.py`): {f['prepare/text_mb']:.1f} MB of the standard library's "
+        f"sources, {f['prepare/documents']:.0f} files; the plain loop reads, encodes and writes "
+        "each file in one process (one output file), prepare streams, splits and shards.",
+        *rows,
+    ]
+
+
+def nanogpt_lines(results: dict) -> list[str]:
+    """The nanoGPT comparison (11): final validation loss and median step time of each."""
+    f = results["figures"]
+    if "nanogpt/ours_val_loss" not in f:
+        return []
+    return [
+        "",
+        f"Against nanoGPT (`python bench/run.py --only-nanogpt --nanogpt DIR`, DIR a checkout "
+        "of karpathy/nanoGPT): both at nanoGPT's CPU character-level recipe (4 layers, 4 heads, "
+        "width 128, context 64, batch 12, lr 1e-3 cosine to 1e-4 after 100 warmup steps, weight "
+        f"decay 0.1, beta2 0.99, no dropout), {f['nanogpt/steps']:.0f} steps on "
+        f"{f['nanogpt/text_bytes'] / 1e6:.1f} MB of the standard library's ASCII sources, the "
+        "last 10% validating (cut at the same byte; nanoGPT's character vocabulary, bytes here). "
+        f"Validation loss {f['nanogpt/ours_val_loss']:.4f} here (every validation token), "
+        f"{f['nanogpt/nanogpt_val_loss']:.4f} for nanoGPT's train.py (its estimate over 200 "
+        f"random batches); median step {f['nanogpt/ours_step_s'] * 1000:.1f} ms here, "
+        f"{f['nanogpt/nanogpt_step_s'] * 1000:.1f} ms for nanoGPT "
+        f"({f['nanogpt/step_time_ratio']:.3f} x); {f.get('nanogpt/reps', 1):.0f} run(s) of each. "
+        "nanoGPT's README reports about 1.88 for this recipe on Shakespeare, a less predictable "
+        "text.",
     ]
 
 
@@ -190,7 +237,10 @@ def write_docs(
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
     cpu = json.loads((HERE / "results" / "cpu.json").read_text())
-    scale_file = HERE / "results" / "cpu_scale.json"
-    if "scale/share_gb" not in cpu["figures"] and scale_file.exists():  # from run.py --only-scale
-        cpu["figures"].update(json.loads(scale_file.read_text())["figures"])
+    for part, figure in (("scale", "scale/share_gb"), ("prepare", None), ("nanogpt", None)):
+        part_file = HERE / "results" / f"cpu_{part}.json"  # from run.py --only-PART
+        if part_file.exists() and (figure is None or figure not in cpu["figures"]):
+            found = json.loads(part_file.read_text())["figures"]
+            prefix = "" if part != "nanogpt" or "nanogpt/steps" in found else "nanogpt/"
+            cpu["figures"].update({prefix + name: value for name, value in found.items()})
     write_docs(cpu)

@@ -36,7 +36,13 @@ drift in machine load hits all alike):
 9. scale (scale.py): the language model at about 302M parameters on 2 FSDP processes: rank 0's
    peak extra memory during a full vs a sharded checkpoint save, against the rank's own share of
    the state; the training stall of an asynchronous save vs a synchronous one; each rank's peak
-   memory building the model on the meta device vs whole.
+   memory building the model on the meta device vs whole;
+10. prepare (prepare.py): MB of text per second tokenized and written, a plain single-process loop
+   vs prepare with 1 and 2 workers, with the bytes tokenizer and a BPE tokenizer.json (full run,
+   --quick with 1 MB, --only-prepare alone);
+11. nanoGPT (nanogpt.py; full run or --only-nanogpt, with --nanogpt DIR or a fresh clone): the
+   final validation loss and median step time of this project and of nanoGPT's train.py at
+   nanoGPT's CPU character-level recipe, on the same text and split.
 
 Prints one `name: value` line per figure, then a summary table against the targets; writes
 bench/results/cpu.json (or --json FILE).
@@ -276,6 +282,45 @@ class Bench:
             self.step_times("lm", warmup=10, steps=50, log_every=10, reps=self.reps + 2)
             self.op_counts("lm", warmup=5, steps=5)
 
+    def prepare_throughput(self) -> None:
+        """10: the language model's prepare, MB of text per second (prepare.py): a plain loop vs
+        prepare with 1 and 2 workers, bytes and a BPE tokenizer.json. --quick: 1 MB, once."""
+        project, package, env = self.lm
+        command = [
+            sys.executable,
+            str(HERE / "prepare.py"),
+            "--project",
+            str(project),
+            "--package",
+            package,
+        ]
+        command += ["--mb", "1", "--reps", "1"] if self.quick else ["--reps", str(self.reps)]
+        command += ["--json", str(self.work / "prepare.json")]
+        for name, value in last_json(run_checked(command, project, env, timeout=3600)).items():
+            self.record(name, value)
+
+    def nanogpt(self, checkout: Path | None) -> None:
+        """11: the language model against nanoGPT's train.py at nanoGPT's CPU character-level
+        recipe (nanogpt.py): final validation loss and median step time of each."""
+        project, package, env = self.lm
+        command = [
+            sys.executable,
+            str(HERE / "nanogpt.py"),
+            "--project",
+            str(project),
+            "--package",
+            package,
+        ]
+        command += [
+            *(["--nanogpt", str(checkout)] if checkout else []),
+            "--json",
+            str(self.work / "nanogpt.json"),
+        ]
+        found = last_json(run_checked(command, project, env, timeout=7200))
+        for name, value in found.items():
+            if isinstance(value, int | float):
+                self.record(name, value)
+
     def scale(self) -> None:
         """9: the language model at about 302M parameters on 2 FSDP processes (scale.py): rank 0's
         extra memory during a full vs a sharded save, the stall of an async save vs a sync one,
@@ -495,6 +540,14 @@ TARGETS = [
     ("demo/wall_s_device_over_workers", "<= 1", lambda v, f: v <= 1.0),
     ("demo/wall_s_device_over_workers_paired", "<= 1", lambda v, f: v <= 1.0),
     ("lm_demo/val_loss_over_floor", "<= 1.10", lambda v, f: v <= 1.10),
+    ("prepare/bytes/workers1_over_plain", ">= 1", lambda v, f: v >= 1.0),
+    ("prepare/bpe/workers1_over_plain", ">= 1", lambda v, f: v >= 1.0),
+    (
+        "nanogpt/ours_val_loss",
+        "<= nanoGPT's",
+        lambda v, f: v <= f["nanogpt/nanogpt_val_loss"],
+    ),
+    ("nanogpt/step_time_ratio", "<= 1", lambda v, f: v <= 1.0),
 ]
 
 
@@ -535,6 +588,15 @@ def main() -> int:
         "--only-lm", action="store_true", help="the language model's figures (8) alone"
     )
     parser.add_argument("--only-scale", action="store_true", help="the scale figures (9) alone")
+    parser.add_argument(
+        "--only-prepare", action="store_true", help="prepare's throughput (10) alone"
+    )
+    parser.add_argument(
+        "--only-nanogpt", action="store_true", help="the nanoGPT comparison (11) alone"
+    )
+    parser.add_argument(
+        "--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT (default: clone one)"
+    )
     parser.add_argument("--only-demo", action="store_true", help="the two demos' figures (6) alone")
     parser.add_argument(
         "--only-instructions",
@@ -545,13 +607,21 @@ def main() -> int:
         "--json",
         type=Path,
         help="default: results/cpu.json (--only-lm: cpu_lm.json, --only-scale: cpu_scale.json, "
-        "--only-demo: cpu_demo.json, --only-instructions: cpu_instructions.json)",
+        "--only-demo: cpu_demo.json, --only-instructions: cpu_instructions.json, --only-prepare: "
+        "cpu_prepare.json, --only-nanogpt: cpu_nanogpt.json)",
     )
     parser.add_argument(
         "--docs", action="store_true", help="rewrite docs/performance.md results and plot"
     )
     args = parser.parse_args()
-    only = args.only_lm or args.only_scale or args.only_demo or args.only_instructions
+    only = (
+        args.only_lm
+        or args.only_scale
+        or args.only_demo
+        or args.only_instructions
+        or args.only_prepare
+        or args.only_nanogpt
+    )
     if only and args.docs:
         parser.error("--docs needs the full run, not an --only-* part")
     if args.json is None:
@@ -560,6 +630,8 @@ def main() -> int:
             "cpu_scale": args.only_scale,
             "cpu_demo": args.only_demo,
             "cpu_instructions": args.only_instructions,
+            "cpu_prepare": args.only_prepare,
+            "cpu_nanogpt": args.only_nanogpt,
         }
         name = next((part for part, chosen in parts.items() if chosen), "cpu")
         args.json = HERE / "results" / f"{name}.json"
@@ -577,6 +649,10 @@ def main() -> int:
             bench.lm_demo()
         elif args.only_instructions:
             bench.instructions()
+        elif args.only_prepare:
+            bench.prepare_throughput()
+        elif args.only_nanogpt:
+            bench.nanogpt(args.nanogpt)
         elif args.quick:
             bench.step_times("mlp", warmup=2, steps=3, log_every=10, reps=1)
             bench.op_counts("mlp", warmup=2, steps=10)
@@ -597,6 +673,8 @@ def main() -> int:
         if not (args.quick or only):
             bench.demo()
             bench.lm_demo()
+            bench.prepare_throughput()
+            bench.nanogpt(args.nanogpt)
     import torch
 
     results = {

@@ -27,7 +27,9 @@ Splitting, written into meta.json as split.rule:
            the fraction leaves a split empty, the file with the smallest hash is validation.
 
 Prepare streams: it holds a few megabytes of text at a time, however large the corpus, and
-`--workers N` tokenizes in N processes, writing the same bytes as one. Writes into --out (a new
+`--workers N` tokenizes with a tokenizer.json in N processes of one thread each, writing the same
+bytes as one process (which spreads each batch over the `tokenizers` package's threads); the
+bytes tokenizer, a copy, always runs in one process. Writes into --out (a new
 or empty directory; it appears complete or not at all): the token ids (uint16 when the vocabulary
 fits, else uint32) in shards of --shard-tokens tokens, train_000000.bin, ... and val_000000.bin,
 ... (training reads each split's shards as one stream), meta.json (the tokenizer, vocabulary,
@@ -351,6 +353,7 @@ _TOKENIZER = None
 
 def _load_worker(spec: str) -> None:
     global _TOKENIZER
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: N workers use N cores
     _TOKENIZER = load_tokenizer(spec)
 
 
@@ -537,8 +540,9 @@ def jobs(pieces: Iterator[Piece]) -> Iterator[list[Piece]]:
 
 def encoded(plan: Plan, tokenizer, dtype: str, workers: int) -> Iterator[tuple[Piece, np.ndarray]]:
     """(piece, its ids) in the plan's order; with workers > 1 encoded by that many processes, a bounded
-    number of jobs ahead, so memory does not grow with the corpus."""
-    if workers == 1:
+    number of jobs ahead, so memory does not grow with the corpus. The bytes tokenizer is a copy, faster
+    in this process than the hand-over to another (--workers changes nothing for it)."""
+    if workers == 1 or isinstance(tokenizer, ByteTokenizer):
         for job in jobs(plan.pieces()):
             yield from zip(job, encode_pieces(job, dtype, tokenizer), strict=True)
         return
@@ -657,7 +661,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--glob", default="*", help="in directories, read only files matching this (e.g. '*.py')")
     parser.add_argument("--doc-sep", help="cut text files into documents at this string (e.g. '<|endoftext|>')")
     parser.add_argument("--text-key", default="text", help="the text field of JSON lines, Parquet and datasets")
-    parser.add_argument("--workers", type=int, default=1, help="tokenizing processes (the output is the same)")
+    parser.add_argument("--workers", type=int, default=1, help="processes tokenizing with a tokenizer.json "
+                        "(the output is the same)")  # fmt: skip
     parser.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS, help="tokens per output file")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     options = Options(
