@@ -68,11 +68,11 @@ TASK_FILES = {
     "language-model": {
         *TASK_CONFIGS,
         *(f"src/PKG/task/{module}.py" for module in TASK_MODULES),
-        *(f"src/PKG/task/{module}.py" for module in ("tokenizer", "prepare", "generate")),
+        *(f"src/PKG/task/{module}.py" for module in ("tokenizer", "prepare", "generate", "hf")),
         "src/PKG/prepare.py",
         "src/PKG/generate.py",
         *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_prepare", "test_model")),
-        "tests/task/test_commands.py",
+        *(f"tests/task/{name}.py" for name in ("test_commands", "test_hf")),
         "tests/task/fixtures/flat_layout_step_3.checkpoint",  # the flat layout's, before task/
     },
 }

@@ -2,6 +2,7 @@
 
     python -m PACKAGE.export run.output_dir=runs/demo      # newest checkpoint of that run
     python -m PACKAGE.export --checkpoint runs/demo/checkpoints/step_00000120.pt
+    python -m PACKAGE.export run.output_dir=runs/demo --format NAME   # a format of the task's own
 
 Writes <output_dir>/export/model.safetensors (plain weights, keys without module. / _orig_mod.
 prefixes, the same for a DDP, FSDP or compiled run; for a run with optim.ema_decay > 0 the weights'
@@ -11,6 +12,9 @@ Task.export_example (task/task.py says what they are):
 
     program = torch.export.load("model.pt2").module()
     outputs = program(*inputs)
+
+--format names one of the task's own formats instead (Task.EXPORT_FORMATS, written by
+Task.export_as under <output_dir>/export; an unknown name lists them).
 
 The model is rebuilt and output_dir chosen as for evaluate (see evaluate.py): the checkpoint gives
 the model's and the task's shape only; output_dir is run.output_dir from the command line or,
@@ -32,8 +36,11 @@ from .engine.ckpt.checkpoint import save_weights
 from .engine.ckpt.files import atomic_write, writing
 from .engine.ckpt.restore import beside, load_model_weights, restore_trained
 from .engine.config import Config
+from .engine.errors import ConfigError
 from .engine.rundir import write_model_files
 from .engine.seam import task_class
+
+DEFAULT = "pt2"  # model.safetensors and model.pt2
 
 
 def export_program(model: nn.Module, args: tuple, dynamic_shapes: tuple) -> torch.export.ExportedProgram:
@@ -41,14 +48,18 @@ def export_program(model: nn.Module, args: tuple, dynamic_shapes: tuple) -> torc
     return torch.export.export(model.eval(), args, dynamic_shapes=dynamic_shapes)
 
 
-def export_checkpoint(cfg: Config, path: Path, state: dict) -> Path:
-    """Write model.safetensors and model.pt2 of a checkpoint under output_dir/export; return that folder."""
+def export_checkpoint(cfg: Config, path: Path, state: dict, fmt: str = DEFAULT) -> Path:
+    """Write model.safetensors and model.pt2 of a checkpoint under output_dir/export (or, for a task's
+    format, what Task.export_as writes); return what was written."""
     task = task_class()(cfg, torch.device("cpu"))
     if not task.use_model_files(beside(path)):  # what the run saved of its data (its input encoding), else the data
         task.datasets()  # the model's shape follows the data (its number of classes)
     model = task.build_model()
     load_model_weights(model, state, path)
     out = Path(cfg.run.output_dir) / "export"
+    if fmt != DEFAULT:
+        with writing(out / fmt):
+            return task.export_as(fmt, model.eval(), out)
     kind = {"weights": "ema" if "ema" in state else "trained"}  # restore.py: the average unless --weights raw
     with writing(out / "model.safetensors"):
         save_weights(model.state_dict(), out / "model.safetensors", metadata=kind)
@@ -59,14 +70,34 @@ def export_checkpoint(cfg: Config, path: Path, state: dict) -> Path:
     return out
 
 
+def format_option(argv: list[str]) -> tuple[str, list[str]]:
+    """--format NAME (default pt2), checked against the task's formats, and the other arguments."""
+    fmt, rest, args = DEFAULT, [], iter(argv)
+    for arg in args:
+        option, equals, value = arg.partition("=")
+        if option != "--format":
+            rest.append(arg)
+            continue
+        fmt = value if equals else next(args, None)
+    formats = {DEFAULT: "model.safetensors and model.pt2 (torch.export)", **task_class().EXPORT_FORMATS}
+    if fmt not in formats:
+        listed = "; ".join(f"{name}: {what}" for name, what in formats.items())
+        raise ConfigError(f"--format {fmt!r}: choose one of {listed}")
+    return fmt, rest
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     return cli.run(lambda: _export(argv))
 
 
 def _export(argv: list[str]) -> int:
+    fmt, argv = format_option(argv)
     cfg, path, state = restore_trained(argv, f"{PACKAGE}.export")
-    out = export_checkpoint(cfg, path, state)
+    out = export_checkpoint(cfg, path, state, fmt)
+    if fmt != DEFAULT:
+        print(f"exported {path}'s {'weight average' if 'ema' in state else 'weights'} as {fmt} to {out}")
+        return 0
     which = "weight average (optim.ema_decay)" if "ema" in state else "weights"
     print(f"exported {path}'s {which} to {out}/model.safetensors and {out}/model.pt2")
     return 0

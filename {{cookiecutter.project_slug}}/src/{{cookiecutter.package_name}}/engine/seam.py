@@ -170,6 +170,15 @@ class Task(abc.ABC):
         export needs only a run directory; False (the default) when it cannot, and export calls datasets()."""
         return False
 
+    # More formats for `export --format NAME` than the default (model.safetensors and model.pt2):
+    # name -> what it writes, one line. export calls export_as for them.
+    EXPORT_FORMATS: dict[str, str] = {}
+
+    def export_as(self, fmt: str, model: nn.Module, folder: Path) -> Path:
+        """Write the trained model (on the CPU, eval mode) in format fmt, one of EXPORT_FORMATS, under
+        folder (the run's export/); return the path written."""
+        raise ConfigError(f"export --format {fmt}: this task writes no such format")
+
 
 def task_spec() -> TaskSpec:
     """The project's task declaration, task/config.py's SPEC."""

@@ -53,7 +53,7 @@ def _whole(module: nn.Module):
             setattr(module, name, real)
 
 
-def _copy_into(real: torch.Tensor, whole: torch.Tensor) -> None:
+def copy_into(real: torch.Tensor, whole: torch.Tensor) -> None:
     """Copy whole values into a tensor, or into this process's shard of a sharded one."""
     if isinstance(real, DTensor):
         mine = distribute_tensor(whole, real.device_mesh, real.placements, src_data_rank=None).to_local()
@@ -72,7 +72,7 @@ def initialise(model: nn.Module, seed: int, init_module: Callable[[str, nn.Modul
         with _whole(module) as pairs:
             init_module(name, module, generator)
         for real, whole in pairs.values():
-            _copy_into(real, whole)
+            copy_into(real, whole)
 
 
 def build(

@@ -60,6 +60,16 @@ class ModelConfig(ModelBase):
     """Width of the residual stream (null: the preset's)."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches (0 for pretraining-size data)."""
+    bias: bool = False
+    """Biases in the Linear layers, as GPT-2 has them (model.init_from turns them on); off for new models,
+    which train as well without them and a little faster."""
+    n_positions: int | None = None
+    """Rows of the position table: the longest input the model takes (null: data.seq_len; model.init_from
+    sets it from the folder's config.json, and data.seq_len may then be shorter)."""
+    init_from: str | None = None
+    """A local Hugging Face GPT-2 folder (config.json and model.safetensors or pytorch_model.bin) to start
+    from: its shape sets model.n_layer, n_head, d_model, n_positions and bias=true, and training begins
+    from its weights (fine-tuning). The data must use its tokenizer (prepare --tokenizer FOLDER/tokenizer.json)."""
 
 
 MAX_VOCAB_SYNTHETIC = 62  # letters and digits: each symbol prints as one character
@@ -68,6 +78,13 @@ MAX_VOCAB_SYNTHETIC = 62  # letters and digits: each symbol prints as one charac
 def validate(cfg: Config) -> None:
     """Combinations of data and model keys that cannot work, named."""
     data, model = cfg.data, cfg.model
+    if model.init_from:
+        take_shape_from_folder(model)
+    if model.n_positions is not None and model.n_positions < data.seq_len:
+        raise ConfigError(
+            f"data.seq_len={data.seq_len} is longer than model.n_positions={model.n_positions}, the longest input "
+            "the model takes"
+        )
     if not 0.0 <= model.dropout < 1.0:
         raise ConfigError(f"model.dropout={model.dropout} must be at least 0 and below 1")
     for key in ("n_layer", "n_head", "d_model"):
@@ -84,6 +101,23 @@ def validate(cfg: Config) -> None:
         for key in ("concentration", "context_concentration"):
             if not getattr(data, key) > 0:
                 raise ConfigError(f"data.{key}={getattr(data, key)} must be above 0")
+
+
+def take_shape_from_folder(model: ModelConfig) -> None:
+    """model.init_from's shape written into the model keys, so that the run's stored configuration
+    rebuilds the model without the folder (evaluate, export, generate, a resume from elsewhere)."""
+    from .hf import read_config
+
+    shape = read_config(model.init_from)
+    for key in ("n_layer", "n_head", "d_model", "n_positions"):
+        given = getattr(model, key)
+        if given is not None and given != shape[key]:
+            raise ConfigError(
+                f"model.{key}={given}, but model.init_from={model.init_from!r} has {shape[key]}; "
+                f"leave model.{key} unset"
+            )
+        setattr(model, key, shape[key])
+    model.bias = True
 
 
 SPEC = TaskSpec(
@@ -104,7 +138,7 @@ SPEC = TaskSpec(
     # model and the data it was trained on. Nothing that names a place (data.root) comes from a
     # file that may have been written elsewhere.
     from_checkpoint={
-        "model": ("preset", "n_layer", "n_head", "d_model"),
+        "model": ("preset", "n_layer", "n_head", "d_model", "bias", "n_positions"),
         "data": (
             "name",
             "seq_len",
@@ -117,7 +151,9 @@ SPEC = TaskSpec(
         ),
         "trainer": ("precision",),
     },
-    resume_may_change=("data.root",),  # the prepared tokens moved: the same tokens
+    # The prepared tokens moved (the same tokens); the starting weights moved or are gone (the
+    # checkpoint holds the weights, the stored model keys their shape).
+    resume_may_change=("data.root", "model.init_from"),
     memory_hint="a smaller data.seq_len or model.preset",
     plot_panel=("bits per byte", (("val/bpb", "val bits/byte"),)),
 )

@@ -1,6 +1,7 @@
 """The model: a decoder-only transformer (GPT-2's shape) written out, and its named sizes.
 
-Pre-norm blocks in an nn.ModuleList (FSDP shards each block: distributed.shard_model), causal
+GPT-2's architecture (model.bias adds its Linear biases, hf.py reads and writes its weights):
+pre-norm blocks in an nn.ModuleList (FSDP shards each block: distributed.shard_model), causal
 scaled_dot_product_attention (flash or memory-efficient kernels on GPU), learned positions, and
 the output layer tied to the token embedding. Parallelism is applied in distributed.py, never here.
 """
@@ -35,22 +36,28 @@ class GPTShape:
     n_head: int
     d_model: int
     dropout: float = 0.0
+    bias: bool = False  # Linear biases, as GPT-2 has them
+    positions: int = 0  # rows of the position table: the longest input (0: seq_len)
+
+    def __post_init__(self):
+        self.positions = self.positions or self.seq_len
 
     @classmethod
     def of(cls, cfg: ModelConfig, vocab_size: int, seq_len: int) -> GPTShape:
-        """The preset, with any of model.n_layer, n_head, d_model set explicitly winning."""
+        """The preset, with any of model.n_layer, n_head, d_model set explicitly winning (model.init_from
+        sets them all, config.validate)."""
         sizes = {key: getattr(cfg, key) or value for key, value in PRESETS[cfg.preset].items()}
         if sizes["d_model"] % sizes["n_head"]:
             raise ConfigError(f"model.d_model={sizes['d_model']} is not divisible by model.n_head={sizes['n_head']}")
-        return cls(vocab_size, seq_len, dropout=cfg.dropout, **sizes)
+        return cls(vocab_size, seq_len, dropout=cfg.dropout, bias=cfg.bias, positions=cfg.n_positions or 0, **sizes)
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, shape: GPTShape):
         super().__init__()
         self.n_head, self.dropout = shape.n_head, shape.dropout
-        self.qkv = nn.Linear(shape.d_model, 3 * shape.d_model, bias=False)
-        self.proj = nn.Linear(shape.d_model, shape.d_model, bias=False)
+        self.qkv = nn.Linear(shape.d_model, 3 * shape.d_model, bias=shape.bias)
+        self.proj = nn.Linear(shape.d_model, shape.d_model, bias=shape.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, time, width = x.shape
@@ -72,9 +79,9 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(shape)
         self.norm2 = nn.LayerNorm(shape.d_model)
         self.mlp = nn.Sequential(
-            nn.Linear(shape.d_model, 4 * shape.d_model, bias=False),
+            nn.Linear(shape.d_model, 4 * shape.d_model, bias=shape.bias),
             nn.GELU(approximate="tanh"),
-            nn.Linear(4 * shape.d_model, shape.d_model, bias=False),
+            nn.Linear(4 * shape.d_model, shape.d_model, bias=shape.bias),
         )
         self.drop = nn.Dropout(shape.dropout)
 
@@ -94,7 +101,7 @@ class GPT(nn.Module):
         super().__init__()
         self.shape = shape
         self.tok_emb = nn.Embedding(shape.vocab_size, shape.d_model)
-        self.pos_emb = nn.Embedding(shape.seq_len, shape.d_model)
+        self.pos_emb = nn.Embedding(shape.positions, shape.d_model)
         self.drop = nn.Dropout(shape.dropout)
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.n_layer))
         self.norm = nn.LayerNorm(shape.d_model)
@@ -102,10 +109,12 @@ class GPT(nn.Module):
 
     def reset_parameters(self) -> None:
         """GPT-2's initialisation: N(0, 0.02), the projections into the residual stream scaled by
-        1/sqrt(2 x n_layer) so that its variance does not grow with depth."""
+        1/sqrt(2 x n_layer) so that its variance does not grow with depth; biases zero."""
         for name, param in self.named_parameters():
             if param.dim() < 2:
-                continue  # LayerNorm: ones and zeros, as constructed
+                if name.endswith(".bias") and "norm" not in name:
+                    nn.init.zeros_(param)  # LayerNorm: ones and zeros, as constructed
+                continue
             std = (
                 0.02 / math.sqrt(2 * self.shape.n_layer)
                 if name.endswith(("attn.proj.weight", "mlp.2.weight"))
@@ -130,6 +139,8 @@ def init_module(name: str, module: nn.Module, generator: torch.Generator, n_laye
         return
     std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("attn.proj", "mlp.2")) else 0.02
     nn.init.normal_(module.weight, mean=0.0, std=std, generator=generator)
+    if getattr(module, "bias", None) is not None:
+        nn.init.zeros_(module.bias)
 
 
 def build_model(cfg: ModelConfig, vocab_size: int, seq_len: int) -> GPT:

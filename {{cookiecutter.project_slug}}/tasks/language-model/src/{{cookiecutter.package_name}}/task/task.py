@@ -21,6 +21,7 @@ from ..engine import PACKAGE, seam
 from ..engine.config import Config
 from ..engine.errors import ConfigError, DataError
 from ..engine.parallel import meta_init
+from . import hf
 from .data import DeviceWindows, TokenData, build_datasets
 from .model import GPT, INIT_TYPES, GPTShape, init_module, lm_loss
 from .tokenizer import FOLDER, describe, identity, read_identity, read_tokenizer, tokenizer_files
@@ -83,9 +84,11 @@ class Task(seam.Task):
 
     def build_model(self, device: torch.device | None = None, shard: Callable | None = None) -> nn.Module:
         """The transformer for the data's vocabulary on `device` (default CPU), initialised from
-        run.seed; shard(model) (FSDP) is applied on the meta device, before any weight exists
-        (meta_init.py), so no process ever holds the whole model."""
+        run.seed, or from model.init_from's weights; shard(model) (FSDP) is applied on the meta
+        device, before any weight exists (meta_init.py), so no process ever holds the whole model
+        (with model.init_from, each process copies in its shards of the folder's tensors)."""
         shape = GPTShape.of(self.cfg.model, self.data.vocab_size, self.cfg.data.seq_len)
+        weights = self._pretrained() if self.cfg.model.init_from else None  # read (and checked) first
         model, _ = meta_init.build(
             lambda: GPT(shape),
             partial(init_module, n_layer=shape.n_layer),
@@ -94,7 +97,20 @@ class Task(seam.Task):
             self.cfg.run.seed,
             shard,
         )
+        if weights is not None:
+            hf.load_into(model, weights, self.cfg.model.init_from)
         return model
+
+    def _pretrained(self) -> dict[str, torch.Tensor]:
+        folder = self.cfg.model.init_from
+        vocab = hf.read_config(folder)["vocab_size"]
+        if vocab != self.data.vocab_size:
+            raise DataError(
+                f"model.init_from={folder!r} has a vocabulary of {vocab} tokens, the data's tokenizer "
+                f"{self.data.vocab_size}: prepare the text with the model's tokenizer (--tokenizer "
+                f"{Path(folder) / 'tokenizer.json'})"
+            )
+        return hf.read_weights(folder)
 
     def loss(self, model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Mean cross-entropy per token of one micro-batch of windows, and its number of sequences."""
@@ -120,6 +136,15 @@ class Task(seam.Task):
     def throughput(self, samples_per_s: float) -> dict:
         """perf/tokens_per_s: every sequence trains data.seq_len tokens."""
         return {"perf/tokens_per_s": samples_per_s * self.cfg.data.seq_len}
+
+    EXPORT_FORMATS = {"hf": "a Hugging Face GPT-2 folder (export/hf: transformers' from_pretrained loads it)"}
+
+    def export_as(self, fmt: str, model: nn.Module, folder: Path) -> Path:
+        """export --format hf: config.json, model.safetensors and, for a tokenizer.json run, the
+        tokenizer's files, in folder/hf."""
+        out = Path(folder) / fmt
+        hf.write_folder(model, out, self.data.tokenizer, self.data.tokenizer.eot)
+        return out
 
     def export_example(self) -> tuple[tuple, tuple]:
         """Token ids [2, seq_len] with dynamic batch (1 to 4096) and time (1 to data.seq_len).

@@ -1,0 +1,166 @@
+"""Hugging Face GPT-2 in and out: model.init_from starts from a `transformers` GPT-2 folder (our
+logits equal its logits), `export --format hf` writes a folder `transformers` loads back (equal
+logits, and the tokenizer), and a fine-tuning run from such a folder resumes bit-exactly, under one
+process and under FSDP. The GPT-2 models are small random ones made here, offline."""
+
+import json
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import latest_checkpoint
+from {{ cookiecutter.package_name }}.engine.ckpt.restore import load_model_weights, model_and_task
+from {{ cookiecutter.package_name }}.engine.config import load_config
+from {{ cookiecutter.package_name }}.export import main as export_main
+from {{ cookiecutter.package_name }}.prepare import main as prepare_main
+from {{ cookiecutter.package_name }}.task.task import Task
+from {{ cookiecutter.package_name }}.train import main as train_main
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 32  # the synthetic source's symbols: a GPT-2 of this vocabulary trains on it
+BASE = ["run.device=cpu", "tracker.name=none", "data.seq_len=16", "data.batch_size=4", f"data.vocab_size={VOCAB}",
+        "data.train_tokens=4000", "data.val_tokens=500", "trainer.val_every=null", "trainer.log_every=1",
+        "optim.warmup_steps=1"]  # fmt: skip
+
+
+def gpt2_folder(path, vocab_size: int = VOCAB, safetensors: bool = True):
+    """A random GPT-2 (2 layers, 2 heads, width 32, 64 positions) saved with save_pretrained."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+        attn_pdrop=0.0, bos_token_id=vocab_size - 1, eos_token_id=vocab_size - 1,
+    )  # fmt: skip
+    model = transformers.GPT2LMHeadModel(config).eval()
+    with torch.no_grad():  # GPT-2 starts its biases at zero: random ones make the comparison bite
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.02)
+    model.save_pretrained(str(path), safe_serialization=safetensors)
+    return model
+
+
+def our_model(overrides: list[str]):
+    task = Task(load_config([], overrides), torch.device("cpu"))
+    task.datasets()
+    return task.build_model().eval(), task
+
+
+@pytest.mark.parametrize("safetensors", [True, False], ids=["model.safetensors", "pytorch_model.bin"])
+def test_init_from_gives_the_logits_of_transformers(tmp_path, safetensors):
+    """The folder's shape becomes the model keys (biases on, 64 positions), and our GPT computes the
+    logits `transformers` computes, in float32 to 1e-5."""
+    theirs = gpt2_folder(tmp_path / "gpt2", safetensors=safetensors)
+    model, task = our_model([*BASE, f"model.init_from={tmp_path / 'gpt2'}"])
+    shape = task.cfg.model
+    assert (shape.n_layer, shape.n_head, shape.d_model, shape.n_positions, shape.bias) == (2, 2, 32, 64, True)
+    tokens = torch.randint(VOCAB, (3, 40), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), theirs(tokens).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_export_hf_loads_back_into_transformers(tmp_path):
+    """`export --format hf` of a fine-tuned run and of a new model without biases (zeros are written
+    for GPT-2's): AutoModelForCausalLM loads each, with the logits of our model from the checkpoint."""
+    gpt2_folder(tmp_path / "gpt2")
+    runs = {"finetuned": [f"model.init_from={tmp_path / 'gpt2'}"], "new": ["model.preset=nano"]}
+    for name, extra in runs.items():
+        run = tmp_path / name
+        assert train_main([*BASE, *extra, f"run.output_dir={run}", "trainer.max_steps=2"]) == 0
+        assert export_main([f"run.output_dir={run}", "--format", "hf"]) == 0
+        loaded = transformers.AutoModelForCausalLM.from_pretrained(str(run / "export" / "hf")).eval()
+        path, state = latest_checkpoint(run / "checkpoints")  # rebuilt as evaluate and export do it
+        task = Task(load_config([], BASE, base=model_and_task(state, path)), torch.device("cpu"))
+        task.datasets()
+        model = task.build_model().eval()
+        load_model_weights(model, state, path)
+        tokens = torch.randint(VOCAB, (2, 16), generator=torch.Generator().manual_seed(2))
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(tokens).logits, model(tokens), rtol=1e-5, atol=1e-5)
+        config = json.loads((run / "export" / "hf" / "config.json").read_text())
+        assert config["model_type"] == "gpt2" and config["n_positions"] == (64 if name == "finetuned" else 16)
+
+
+def test_export_hf_carries_a_tokenizer_json(tmp_path):
+    """A run prepared with a tokenizer.json exports it beside the weights: AutoTokenizer loads it and
+    encodes as the run's tokenizer does."""
+    tokenizers = pytest.importorskip("tokenizers")
+    text = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(400))
+    (tmp_path / "corpus.txt").write_text(text)
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    alphabet = tokenizers.pre_tokenizers.ByteLevel.alphabet()
+    trainer = tokenizers.trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet
+    )
+    tokenizer.train([str(tmp_path / "corpus.txt")], trainer)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    data, run = tmp_path / "data", tmp_path / "run"
+    tokens = ["--out", str(data), "--tokenizer", str(tmp_path / "tokenizer.json"), str(tmp_path / "corpus.txt")]
+    assert prepare_main(tokens) == 0
+    overrides = [*BASE[:2], "data.name=text", f"data.root={data}", "data.seq_len=16", "data.batch_size=4",
+                 "model.preset=nano", "trainer.max_steps=1", f"run.output_dir={run}"]  # fmt: skip
+    assert train_main(overrides) == 0
+    assert export_main([f"run.output_dir={run}", "--format=hf"]) == 0
+    loaded = transformers.AutoTokenizer.from_pretrained(str(run / "export" / "hf"))
+    sample = "line 7: the quick brown fox"
+    assert loaded(sample)["input_ids"] == tokenizer.encode(sample).ids
+    assert loaded.eos_token == "<|endoftext|>"
+
+
+def test_bad_folders_and_formats_are_one_line_errors(tmp_path, capsys):
+    """A folder without config.json, a GPT-2 of another vocabulary than the data's, and an unknown export
+    format each exit 2 with one line that says what to do."""
+    gpt2_folder(tmp_path / "wide", vocab_size=50)
+    capsys.readouterr()  # transformers' progress bars
+    cases = [
+        ([f"model.init_from={tmp_path / 'none'}"], "cannot read config.json"),
+        ([f"model.init_from={tmp_path / 'wide'}"], "has a vocabulary of 50 tokens, the data's tokenizer 32"),
+        ([f"model.init_from={tmp_path / 'wide'}", "model.n_layer=3"], "model.n_layer=3, but model.init_from"),
+    ]
+    for number, (extra, message) in enumerate(cases):
+        assert train_main([*BASE, *extra, f"run.output_dir={tmp_path / f'r{number}'}", "trainer.max_steps=1"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    assert train_main([*BASE, "model.preset=nano", f"run.output_dir={tmp_path / 'ok'}", "trainer.max_steps=1"]) == 0
+    capsys.readouterr()
+    assert export_main([f"run.output_dir={tmp_path / 'ok'}", "--format", "onnx"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--format 'onnx': choose one of pt2" in err[0] and "hf:" in err[0], err
+
+
+@pytest.mark.slow
+def test_a_fine_tuning_run_resumes_bit_exactly(tmp_path, final_weights):
+    """From a GPT-2 folder: 6 steps straight, and 6 steps stopped after the checkpoint of step 3 and
+    resumed by the same command with the folder moved (model.init_from may change on resume: the
+    checkpoint holds the weights): the same weights."""
+    from conftest import killed_when
+
+    gpt2_folder(tmp_path / "gpt2")
+    common = [*BASE, "trainer.max_steps=6", "trainer.checkpoint_every=3"]
+    assert train_main([*common, f"model.init_from={tmp_path / 'gpt2'}", f"run.output_dir={tmp_path / 'straight'}"]) == 0
+    first = [*common, f"model.init_from={tmp_path / 'gpt2'}", f"run.output_dir={tmp_path / 'resumed'}"]
+    killed_when(lambda metrics, step: step == 4, first)
+    (tmp_path / "gpt2").rename(tmp_path / "moved")
+    assert train_main([*common, f"model.init_from={tmp_path / 'moved'}", f"run.output_dir={tmp_path / 'resumed'}"]) == 0
+    straight, resumed = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
+    assert straight.keys() == resumed.keys()
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+@pytest.mark.slow
+def test_fsdp_starts_from_the_folder_s_weights(tmp_path):
+    """Under FSDP on 2 gloo processes (built on the meta device, each process copying in its shards),
+    the first training loss is the one-process run's: both start from the folder's weights."""
+    from conftest import torchrun
+
+    gpt2_folder(tmp_path / "gpt2")
+    common = [*BASE, f"model.init_from={tmp_path / 'gpt2'}", "trainer.max_steps=1", "data.batch_size=2"]
+    assert train_main([*common, "data.batch_size=4", f"run.output_dir={tmp_path / 'one'}"]) == 0
+    torchrun(2, [*common, "distributed.strategy=fsdp", f"run.output_dir={tmp_path / 'fsdp'}"])
+    losses = {}
+    for name in ("one", "fsdp"):
+        lines = [json.loads(s) for s in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        losses[name] = next(line["train/loss"] for line in lines if "train/loss" in line)
+    assert losses["fsdp"] == pytest.approx(losses["one"], rel=1e-5)
