@@ -355,7 +355,7 @@ def run_generated_lm(package: str, train, total_steps: int, output_dir: str, log
 
     def fingerprinted(cfg, seed):
         train_set, val_set, info = build_datasets(cfg, seed)
-        DATA.append(lm.fingerprint(train_set.tokens.data))
+        DATA.append(lm.fingerprint(train_set.tokens.read(0, len(train_set.tokens))))
         return train_set, val_set, info
 
     task.build_datasets = fingerprinted

@@ -23,6 +23,7 @@ SEQ_LEN, BATCH = 128, 32  # data.seq_len, data.batch_size
 VOCAB, ORDER, CONCENTRATION, CONTEXT_CONCENTRATION = 32, 2, 0.2, 0.5  # data.* (synthetic)
 N_LAYER, N_HEAD, D_MODEL = 4, 4, 128  # model.preset=micro
 LR, WEIGHT_DECAY, WARMUP, MIN_LR_RATIO = 0.003, 0.1, 30, 0.01  # optim.*
+BETAS = (0.9, 0.95)  # optim.betas, the language model's default
 CLIP = 1.0  # trainer.grad_clip
 DATA_SEED, STREAMS = 0, 64  # the project's synthetic source and its training split's streams
 
@@ -134,7 +135,7 @@ def parts(total_steps: int):
         {"params": [p for p in model.parameters() if p.ndim > 1], "weight_decay": WEIGHT_DECAY},
         {"params": [p for p in model.parameters() if p.ndim <= 1], "weight_decay": 0.0},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=LR, fused=True)
+    optimizer = torch.optim.AdamW(groups, lr=LR, betas=BETAS, fused=True)
 
     def schedule(step):
         if step < WARMUP:

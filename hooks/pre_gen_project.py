@@ -44,6 +44,9 @@ RESERVED_PACKAGE_NAMES = frozenset(
         "tests",
         "tiny",  # tests/tiny.py: the task's test configuration
         "tokenizers",  # the language model's optional tokenizer.json support
+        "pyarrow",  # the language model's prepare: Parquet and datasets inputs
+        "datasets",  # its tests write a datasets folder with it
+        "transformers",  # its Hugging Face GPT-2 export, and the tests of it
         # torch's own dependencies: shadowing one breaks `import torch` itself
         "sympy",
         "isympy",

@@ -4,6 +4,7 @@ logits, and the tokenizer), and a fine-tuning run from such a folder resumes bit
 process and under FSDP. The GPT-2 models are small random ones made here, offline."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -109,15 +110,28 @@ def test_export_hf_carries_a_tokenizer_json(tmp_path):
     assert loaded.eos_token == "<|endoftext|>"
 
 
-def test_bad_folders_and_formats_are_one_line_errors(tmp_path, capsys):
-    """A folder without config.json, a GPT-2 of another vocabulary than the data's, and an unknown export
-    format each exit 2 with one line that says what to do."""
+def test_bad_folders_and_formats_are_one_line_errors(tmp_path, capsys, monkeypatch):
+    """A folder without config.json, a GPT-2 this GPT cannot be (another LayerNorm epsilon), one of another
+    vocabulary than the data's, one too short for data.seq_len, one whose weights are missing or garbled,
+    an unknown export format, and export --format hf without transformers each exit 2 with one line that
+    says what to do."""
     gpt2_folder(tmp_path / "wide", vocab_size=50)
+    config = json.loads((tmp_path / "wide" / "config.json").read_text())
+    for name, changes, weights in [("eps", {"layer_norm_epsilon": 1e-6}, b""), ("bare", {"vocab_size": VOCAB}, None),
+                                   ("garbled", {"vocab_size": VOCAB}, b"not a safetensors file")]:  # fmt: skip
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({**config, **changes}))
+        if weights is not None:
+            (tmp_path / name / "model.safetensors").write_bytes(weights)
     capsys.readouterr()  # transformers' progress bars
     cases = [
         ([f"model.init_from={tmp_path / 'none'}"], "cannot read config.json"),
+        ([f"model.init_from={tmp_path / 'eps'}"], "layer_norm_epsilon=1e-06 in config.json; this GPT has 1e-5"),
         ([f"model.init_from={tmp_path / 'wide'}"], "has a vocabulary of 50 tokens, the data's tokenizer 32"),
         ([f"model.init_from={tmp_path / 'wide'}", "model.n_layer=3"], "model.n_layer=3, but model.init_from"),
+        ([f"model.init_from={tmp_path / 'wide'}", "data.seq_len=65"], "data.seq_len=65 is longer than model.n_pos"),
+        ([f"model.init_from={tmp_path / 'bare'}"], "no model.safetensors or pytorch_model.bin"),
+        ([f"model.init_from={tmp_path / 'garbled'}"], "model.safetensors: unreadable"),
     ]
     for number, (extra, message) in enumerate(cases):
         assert train_main([*BASE, *extra, f"run.output_dir={tmp_path / f'r{number}'}", "trainer.max_steps=1"]) == 2
@@ -128,6 +142,10 @@ def test_bad_folders_and_formats_are_one_line_errors(tmp_path, capsys):
     assert export_main([f"run.output_dir={tmp_path / 'ok'}", "--format", "onnx"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--format 'onnx': choose one of pt2" in err[0] and "hf:" in err[0], err
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if not installed: importing it fails
+    assert export_main([f"run.output_dir={tmp_path / 'ok'}", "--format", "hf"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs the transformers package: pip install -e '.[hf]'" in err[0], err
 
 
 @pytest.mark.slow
@@ -144,6 +162,7 @@ def test_a_fine_tuning_run_resumes_bit_exactly(tmp_path, final_weights):
     killed_when(lambda metrics, step: step == 4, first)
     (tmp_path / "gpt2").rename(tmp_path / "moved")
     assert train_main([*common, f"model.init_from={tmp_path / 'moved'}", f"run.output_dir={tmp_path / 'resumed'}"]) == 0
+    assert json.loads((tmp_path / "resumed" / "run_info.json").read_text())["runs"][-1]["resumed_from_step"] == 3
     straight, resumed = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
     assert straight.keys() == resumed.keys()
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)

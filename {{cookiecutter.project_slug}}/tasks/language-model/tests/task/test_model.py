@@ -2,10 +2,11 @@
 
 import pytest
 import torch
+from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.config import ConfigError
 from {{ cookiecutter.package_name }}.task.config import ModelConfig
-from {{ cookiecutter.package_name }}.task.model import GPT, PRESETS, GPTShape, build_model, lm_loss
+from {{ cookiecutter.package_name }}.task.model import GPT, PRESETS, GPTShape, build_model, init_module, lm_loss
 
 
 def test_a_token_never_sees_the_tokens_after_it():
@@ -38,6 +39,22 @@ def test_presets_span_a_cpu_model_to_gpt2_small():
     assert 124_000_000 < sum(p.numel() for p in gpt2.parameters()) < 124_700_000
     assert 1_000_000 < sum(p.numel() for p in mini.parameters()) < 5_000_000
     assert list(PRESETS) == ["nano", "micro", "mini", "small", "gpt2"]
+
+
+def test_bias_puts_gpt2_s_biases_on_every_linear_starting_at_zero():
+    """model.bias=true gives the gpt2 preset GPT-2 small's exact parameter count (its biases, no more, no
+    fewer), and both initialisations (the constructor's and init_module's, module by module on the meta
+    device) start them at zero, where torch's Linear draws them at random."""
+    with torch.device("meta"):
+        gpt2 = GPT(GPTShape.of(ModelConfig(preset="gpt2", bias=True), vocab_size=50257, seq_len=1024))
+    assert sum(p.numel() for p in gpt2.parameters()) == 124_439_808  # transformers' GPT2LMHeadModel
+    model = build_model(ModelConfig(preset="nano", bias=True), vocab_size=20, seq_len=8)
+    biases = {name: p for name, p in model.named_parameters() if name.endswith("bias") and "norm" not in name}
+    assert len(biases) == 4 * model.shape.n_layer and all(torch.count_nonzero(p) == 0 for p in biases.values())
+    linear = nn.Linear(8, 24)
+    assert torch.count_nonzero(linear.bias) > 0
+    init_module("blocks.0.attn.qkv", linear, torch.Generator().manual_seed(0), n_layer=2)
+    assert torch.count_nonzero(linear.bias) == 0
 
 
 def test_explicit_sizes_override_the_preset_and_are_checked():

@@ -62,7 +62,7 @@ class ModelConfig(ModelBase):
     """Dropout on attention weights and residual branches (0 for pretraining-size data)."""
     bias: bool = False
     """Biases in the Linear layers, as GPT-2 has them (model.init_from turns them on); off for new models,
-    which train as well without them and a little faster."""
+    as in nanoGPT's default (fewer parameters, no loss in quality)."""
     n_positions: int | None = None
     """Rows of the position table: the longest input the model takes (null: data.seq_len; model.init_from
     sets it from the folder's config.json, and data.seq_len may then be shorter)."""
