@@ -151,8 +151,9 @@ SPEC = TaskSpec(
         ),
         "trainer": ("precision",),
     },
-    # The prepared tokens moved (the same tokens); the starting weights moved or are gone (the
-    # checkpoint holds the weights, the stored model keys their shape).
+    # The prepared tokens moved (the same tokens); the starting weights moved (the checkpoint holds
+    # the weights, the stored model keys their shape; with the folder gone, a run resumes from its
+    # config.yaml: --config RUN/config.yaml model.init_from=null).
     resume_may_change=("data.root", "model.init_from"),
     memory_hint="a smaller data.seq_len or model.preset",
     plot_panel=("bits per byte", (("val/bpb", "val bits/byte"),)),
