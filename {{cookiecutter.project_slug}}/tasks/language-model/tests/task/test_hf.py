@@ -1,7 +1,7 @@
 """Hugging Face GPT-2 in and out: model.init_from starts from a `transformers` GPT-2 folder (our
 logits equal its logits), `export --format hf` writes a folder `transformers` loads back (equal
-logits, and the tokenizer), and a fine-tuning run from such a folder resumes bit-exactly, under one
-process and under FSDP. The GPT-2 models are small random ones made here, offline."""
+logits, and the tokenizer), a fine-tuning run from such a folder resumes bit-exactly, and two
+processes (FSDP, DDP) start from its weights. The GPT-2 models are small random ones made here, offline."""
 
 import json
 import sys
@@ -169,17 +169,18 @@ def test_a_fine_tuning_run_resumes_bit_exactly(tmp_path, final_weights):
 
 
 @pytest.mark.slow
-def test_fsdp_starts_from_the_folder_s_weights(tmp_path):
-    """Under FSDP on 2 gloo processes (built on the meta device, each process copying in its shards),
-    the first training loss is the one-process run's: both start from the folder's weights."""
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_two_processes_start_from_the_folder_s_weights(tmp_path, strategy):
+    """On 2 gloo processes, under FSDP (built on the meta device, each process copying in its shards)
+    and DDP, the first training loss is the one-process run's: both start from the folder's weights."""
     from conftest import torchrun
 
     gpt2_folder(tmp_path / "gpt2")
     common = [*BASE, f"model.init_from={tmp_path / 'gpt2'}", "trainer.max_steps=1", "data.batch_size=2"]
     assert train_main([*common, "data.batch_size=4", f"run.output_dir={tmp_path / 'one'}"]) == 0
-    torchrun(2, [*common, "distributed.strategy=fsdp", f"run.output_dir={tmp_path / 'fsdp'}"])
+    torchrun(2, [*common, f"distributed.strategy={strategy}", f"run.output_dir={tmp_path / strategy}"])
     losses = {}
-    for name in ("one", "fsdp"):
+    for name in ("one", strategy):
         lines = [json.loads(s) for s in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         losses[name] = next(line["train/loss"] for line in lines if "train/loss" in line)
-    assert losses["fsdp"] == pytest.approx(losses["one"], rel=1e-5)
+    assert losses[strategy] == pytest.approx(losses["one"], rel=1e-5)
