@@ -244,23 +244,17 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--eval-iters", type=int, default=200, help="nanoGPT's evaluation batches")
-    parser.add_argument(
-        "--project", type=Path, help="a baked task=language-model project (default: bake one)"
-    )
-    parser.add_argument("--package", help="its package name (with --project)")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "cpu_nanogpt.json")
-    args = parser.parse_args()
     sys.path.insert(0, str(HERE))
-    from run import bake
+    from run import add_project_options, lm_project
 
+    add_project_options(parser)
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         checkout = args.nanogpt or clone(Path(tmp) / "nanoGPT")
         if not (checkout / "train.py").is_file():
             parser.error(f"--nanogpt {checkout}: no train.py; clone {NANOGPT}")
-        if args.project:
-            project, package = args.project, args.package
-        else:
-            project, package = bake(Path(tmp) / "lm", "language-model")
+        project, package = lm_project(args, Path(tmp))
         result = compare(
             checkout, project, package, Path(tmp), args.mb, args.steps, args.reps, args.eval_iters
         )

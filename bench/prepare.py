@@ -149,20 +149,14 @@ def main() -> int:
         "--mb", type=float, default=30.0, help="megabytes of standard-library sources"
     )
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument(
-        "--project", type=Path, help="a baked task=language-model project (default: bake one)"
-    )
-    parser.add_argument("--package", help="its package name (with --project)")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "cpu_prepare.json")
-    args = parser.parse_args()
     sys.path.insert(0, str(HERE))
-    with tempfile.TemporaryDirectory() as tmp:
-        if args.project:
-            project, package = args.project, args.package
-        else:
-            from run import bake
+    from run import add_project_options, lm_project
 
-            project, package = bake(Path(tmp) / "lm", "language-model")
+    add_project_options(parser)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        project, package = lm_project(args, Path(tmp))
         result = measure(project, package, Path(tmp), args.mb, args.reps)
     result.update(cpus=os.cpu_count(), command=" ".join(sys.argv))
     for key, value in result["figures"].items():

@@ -282,42 +282,32 @@ class Bench:
             self.step_times("lm", warmup=10, steps=50, log_every=10, reps=self.reps + 2)
             self.op_counts("lm", warmup=5, steps=5)
 
-    def prepare_throughput(self) -> None:
-        """10: the language model's prepare, MB of text per second (prepare.py): a plain loop vs
-        prepare with 1 and 2 workers, bytes and a BPE tokenizer.json. --quick: 1 MB, once."""
+    def lm_script(self, script: str, arguments: list[str], timeout: float) -> dict:
+        """Run a bench script on the language-model bake; its figures (its last JSON line)."""
         project, package, env = self.lm
         command = [
             sys.executable,
-            str(HERE / "prepare.py"),
+            str(HERE / script),
             "--project",
             str(project),
             "--package",
             package,
         ]
-        command += ["--mb", "1", "--reps", "1"] if self.quick else ["--reps", str(self.reps)]
-        command += ["--json", str(self.work / "prepare.json")]
-        for name, value in last_json(run_checked(command, project, env, timeout=3600)).items():
+        command += [*arguments, "--json", str(self.work / f"{Path(script).stem}.json")]
+        return last_json(run_checked(command, project, env, timeout=timeout))
+
+    def prepare_throughput(self) -> None:
+        """10: the language model's prepare, MB of text per second (prepare.py): a plain loop vs
+        prepare with 1 and 2 workers, bytes and a BPE tokenizer.json. --quick: 1 MB, once."""
+        quick = ["--mb", "1", "--reps", "1"] if self.quick else ["--reps", str(self.reps)]
+        for name, value in self.lm_script("prepare.py", quick, timeout=3600).items():
             self.record(name, value)
 
     def nanogpt(self, checkout: Path | None) -> None:
         """11: the language model against nanoGPT's train.py at nanoGPT's CPU character-level
         recipe (nanogpt.py): final validation loss and median step time of each."""
-        project, package, env = self.lm
-        command = [
-            sys.executable,
-            str(HERE / "nanogpt.py"),
-            "--project",
-            str(project),
-            "--package",
-            package,
-        ]
-        command += [
-            *(["--nanogpt", str(checkout)] if checkout else []),
-            "--json",
-            str(self.work / "nanogpt.json"),
-        ]
-        found = last_json(run_checked(command, project, env, timeout=7200))
-        for name, value in found.items():
+        given = ["--nanogpt", str(checkout)] if checkout else []
+        for name, value in self.lm_script("nanogpt.py", given, timeout=7200).items():
             if isinstance(value, int | float):
                 self.record(name, value)
 
@@ -563,6 +553,21 @@ def summary(figures: dict[str, float]) -> str:
     lines += ["", "| figure | value |", "|---|---|"]
     lines += [f"| {name} | {value:.4g} |" for name, value in figures.items()]
     return "\n".join(lines)
+
+
+def add_project_options(parser: argparse.ArgumentParser) -> None:
+    """--project and --package: a baked task=language-model project (default: bake one)."""
+    parser.add_argument(
+        "--project", type=Path, help="a baked task=language-model project (default: bake one)"
+    )
+    parser.add_argument("--package", help="its package name (with --project)")
+
+
+def lm_project(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
+    """The project --project names, or a fresh task=language-model bake under work."""
+    if args.project:
+        return args.project, args.package
+    return bake(work / "lm", "language-model")
 
 
 def bake(work: Path, task: str = "image-classification") -> tuple[Path, str]:
