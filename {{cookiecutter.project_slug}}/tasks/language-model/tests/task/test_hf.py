@@ -25,8 +25,10 @@ BASE = ["run.device=cpu", "tracker.name=none", "data.seq_len=16", "data.batch_si
         "optim.warmup_steps=1"]  # fmt: skip
 
 
-def gpt2_folder(path, vocab_size: int = VOCAB, safetensors: bool = True):
-    """A random GPT-2 (2 layers, 2 heads, width 32, 64 positions) saved with save_pretrained."""
+def gpt2_folder(path, vocab_size: int = VOCAB, layout: str = "model.safetensors"):
+    """A random GPT-2 (2 layers, 2 heads, width 32, 64 positions) saved with save_pretrained, as
+    model.safetensors, as pytorch_model.bin, or as the original GPT-2 on the hub has it ("hub": a .bin
+    with names without "transformer.", its causal-mask buffers and the tied head written out)."""
     torch.manual_seed(0)
     config = transformers.GPT2Config(
         vocab_size=vocab_size, n_positions=64, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
@@ -37,7 +39,16 @@ def gpt2_folder(path, vocab_size: int = VOCAB, safetensors: bool = True):
         for name, param in model.named_parameters():
             if name.endswith("bias"):
                 param.normal_(0.0, 0.02)
-    model.save_pretrained(str(path), safe_serialization=safetensors)
+    model.save_pretrained(str(path))  # config.json and model.safetensors (transformers 5 writes no .bin)
+    if layout != "model.safetensors":
+        state = dict(model.state_dict())  # what transformers 4 wrote to pytorch_model.bin
+        if layout == "hub":
+            state = {name.removeprefix("transformer."): tensor for name, tensor in state.items()}
+            for layer in range(config.n_layer):
+                state[f"h.{layer}.attn.bias"] = torch.ones(64, 64).tril().view(1, 1, 64, 64)
+                state[f"h.{layer}.attn.masked_bias"] = torch.tensor(-1e4)
+        torch.save(state, path / "pytorch_model.bin")
+        (path / "model.safetensors").unlink()
     return model
 
 
@@ -47,11 +58,11 @@ def our_model(overrides: list[str]):
     return task.build_model().eval(), task
 
 
-@pytest.mark.parametrize("safetensors", [True, False], ids=["model.safetensors", "pytorch_model.bin"])
-def test_init_from_gives_the_logits_of_transformers(tmp_path, safetensors):
+@pytest.mark.parametrize("layout", ["model.safetensors", "pytorch_model.bin", "hub"])
+def test_init_from_gives_the_logits_of_transformers(tmp_path, layout):
     """The folder's shape becomes the model keys (biases on, 64 positions), and our GPT computes the
     logits `transformers` computes, in float32 to 1e-5."""
-    theirs = gpt2_folder(tmp_path / "gpt2", safetensors=safetensors)
+    theirs = gpt2_folder(tmp_path / "gpt2", layout=layout)
     model, task = our_model([*BASE, f"model.init_from={tmp_path / 'gpt2'}"])
     shape = task.cfg.model
     assert (shape.n_layer, shape.n_head, shape.d_model, shape.n_positions, shape.bias) == (2, 2, 32, 64, True)
