@@ -331,7 +331,9 @@ def test_a_worker_whose_launcher_is_gone_asks_to_stop(monkeypatch):
     with StopRequest() as stop:
         time.sleep(0.05)
         assert not stop.poll()
-        monkeypatch.setattr(os, "getppid", lambda: 1)  # adopted by init
+        # adopted by init or a subreaper: another parent than the launcher (not a fixed 1, which a test
+        # process already adopted by init would have as its launcher)
+        monkeypatch.setattr(os, "getppid", lambda: launcher + 1)
         deadline = time.monotonic() + 5
         while not stop.poll():
             assert time.monotonic() < deadline, "no stop 5 s after the launcher went away"
