@@ -34,7 +34,7 @@ from torch import nn
 from .engine import PACKAGE, cli
 from .engine.ckpt.checkpoint import save_weights
 from .engine.ckpt.files import atomic_write, writing
-from .engine.ckpt.restore import beside, load_model_weights, restore_trained
+from .engine.ckpt.restore import beside, load_model_weights, restore_trained, take_options
 from .engine.config import Config
 from .engine.errors import ConfigError
 from .engine.rundir import write_model_files
@@ -72,13 +72,8 @@ def export_checkpoint(cfg: Config, path: Path, state: dict, fmt: str = DEFAULT) 
 
 def format_option(argv: list[str]) -> tuple[str, list[str]]:
     """--format NAME (default pt2), checked against the task's formats, and the other arguments."""
-    fmt, rest, args = DEFAULT, [], iter(argv)
-    for arg in args:
-        option, equals, value = arg.partition("=")
-        if option != "--format":
-            rest.append(arg)
-            continue
-        fmt = value if equals else next(args, None)
+    found, rest = take_options(argv, ("--format",))
+    fmt = found["--format"] or DEFAULT
     formats = {DEFAULT: "model.safetensors and model.pt2 (torch.export)", **task_class().EXPORT_FORMATS}
     if fmt not in formats:
         listed = "; ".join(f"{name}: {what}" for name, what in formats.items())

@@ -62,9 +62,10 @@ def restore_trained(argv: list[str], program: str) -> tuple[Config, Path, dict]:
 WEIGHTS = ("ema", "raw")
 
 
-def _checkpoint_option(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
-    """--checkpoint PATH and --weights ema|raw, and the other arguments."""
-    found: dict[str, str | None] = {"--checkpoint": None, "--weights": None}
+def take_options(argv: list[str], names: tuple[str, ...]) -> tuple[dict[str, str | None], list[str]]:
+    """The values of the options named (as --name VALUE or --name=VALUE; None when absent), and the
+    other arguments."""
+    found: dict[str, str | None] = dict.fromkeys(names)
     rest = []
     args = iter(argv)
     for arg in args:
@@ -75,6 +76,12 @@ def _checkpoint_option(argv: list[str]) -> tuple[str | None, str | None, list[st
         found[option] = value if equals else next(args, None)
         if found[option] is None:
             raise ConfigError(f"{option} needs a value")
+    return found, rest
+
+
+def _checkpoint_option(argv: list[str]) -> tuple[str | None, str | None, list[str]]:
+    """--checkpoint PATH and --weights ema|raw, and the other arguments."""
+    found, rest = take_options(argv, ("--checkpoint", "--weights"))
     if found["--weights"] not in (None, *WEIGHTS):
         raise ConfigError(f"--weights {found['--weights']!r}: choose ema (the moving average) or raw")
     return found["--checkpoint"], found["--weights"], rest

@@ -101,6 +101,7 @@ RENAMES = (  # GPT-2's names (without "transformer.") -> this GPT's, by prefix w
 )
 TOP = {"wte.weight": "tok_emb.weight", "wpe.weight": "pos_emb.weight", "ln_f.weight": "norm.weight"}
 TOP |= {"ln_f.bias": "norm.bias"}
+TOP_OURS = {ours: theirs for theirs, ours in TOP.items()}
 
 
 def _ours(hf_name: str) -> str:
@@ -115,9 +116,8 @@ def _ours(hf_name: str) -> str:
 
 
 def _hf(our_name: str) -> str:
-    inverse = {value: key for key, value in TOP.items()}
-    if our_name in inverse:
-        return "transformer." + inverse[our_name]
+    if our_name in TOP_OURS:
+        return "transformer." + TOP_OURS[our_name]
     _, index, rest = our_name.split(".", 2)
     for old, new in RENAMES:
         if rest.startswith(new):

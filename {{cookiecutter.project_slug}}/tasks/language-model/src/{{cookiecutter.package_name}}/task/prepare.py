@@ -205,7 +205,7 @@ def _pyarrow():
     return pyarrow
 
 
-def _column_batches(source: Source, key: str, batches, schema) -> Iterator[tuple[str, bytes]]:
+def _column_texts(source: Source, key: str, batches, schema) -> Iterator[bytes]:
     if key not in schema.names:
         raise DataError(
             f"{source.path}: no {key!r} column (it has {', '.join(schema.names)}); name the text column with --text-key"
@@ -214,11 +214,9 @@ def _column_batches(source: Source, key: str, batches, schema) -> Iterator[tuple
         raise DataError(
             f"{source.path}: column {key!r} is {schema.field(key).type}, not text; name one with --text-key"
         )
-    row = 0
     for batch in batches:
         for value in batch.column(key).to_pylist():
-            yield f"{source.name}:{row}", _text_key(value, source.path, key)
-            row += 1
+            yield _text_key(value, source.path, key)
 
 
 def read_parquet(source: Source, key: str) -> Iterator[tuple[str, bytes]]:
@@ -229,7 +227,8 @@ def read_parquet(source: Source, key: str) -> Iterator[tuple[str, bytes]]:
         raise DataError(f"{source.path}: not a Parquet file ({err})") from None
     schema = table.schema_arrow
     columns = [key] if key in schema.names else None
-    yield from _column_batches(source, key, table.iter_batches(batch_size=1024, columns=columns), schema)
+    texts = _column_texts(source, key, table.iter_batches(batch_size=1024, columns=columns), schema)
+    yield from ((f"{source.name}:{row}", raw) for row, raw in enumerate(texts))
 
 
 def read_dataset(source: Source, key: str) -> Iterator[tuple[str, bytes]]:
@@ -240,22 +239,21 @@ def read_dataset(source: Source, key: str) -> Iterator[tuple[str, bytes]]:
         files = [source.path / entry["filename"] for entry in state["_data_files"]]
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise DataError(f"{source.path}/state.json: not written by datasets' save_to_disk ({err})") from None
-    row = 0
-    for path in files:
-        try:
-            reader = pa.ipc.open_stream(pa.memory_map(str(path)))
-        except (OSError, pa.ArrowException) as err:
-            raise DataError(f"{path}: not an Arrow stream ({err})") from None
-        for _, raw in _column_batches(source, key, reader, reader.schema):
-            yield f"{source.name}:{row}", raw
-            row += 1
+
+    def texts() -> Iterator[bytes]:
+        for path in files:
+            try:
+                reader = pa.ipc.open_stream(pa.memory_map(str(path)))
+            except (OSError, pa.ArrowException) as err:
+                raise DataError(f"{path}: not an Arrow stream ({err})") from None
+            yield from _column_texts(source, key, reader, reader.schema)
+
+    yield from ((f"{source.name}:{row}", raw) for row, raw in enumerate(texts()))
 
 
-def read_text(source: Source, separator: bytes | None) -> Iterator[tuple[str, bytes]]:
-    """A text file as one document, or the documents separator cuts it into (each whole in memory)."""
-    if separator is None:
-        yield source.name, _read(source.path)
-        return
+def read_text(source: Source, separator: bytes) -> Iterator[tuple[str, bytes]]:
+    """The documents separator cuts a text file into (each whole in memory; a file without a
+    separator streams through line_pieces instead)."""
     rest, index = b"", 0
     for block in _blocks(source.path):
         parts = (rest + block).split(separator)
@@ -266,17 +264,10 @@ def read_text(source: Source, separator: bytes | None) -> Iterator[tuple[str, by
     yield f"{source.name}#{index}", rest
 
 
-def _read(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as err:
-        raise DataError(f"cannot read {path} ({err.strerror or err})") from None
-
-
-def _blocks(path: Path, size: int = PIECE) -> Iterator[bytes]:
+def _blocks(path: Path) -> Iterator[bytes]:
     try:
         with open(path, "rb") as file:
-            while block := file.read(size):
+            while block := file.read(PIECE):
                 yield block
     except OSError as err:
         raise DataError(f"cannot read {path} ({err.strerror or err})") from None
@@ -297,7 +288,7 @@ def line_pieces(path: Path, start: int = 0, stop: int | None = None) -> Iterator
                 data = carry + block
                 if not block:
                     break
-                cut = data.rfind(b"\n") + 1 or _char_boundary(data)
+                cut = _piece_end(data)
                 if cut:
                     yield offset, data[:cut]
                     offset += cut
@@ -306,6 +297,12 @@ def line_pieces(path: Path, start: int = 0, stop: int | None = None) -> Iterator
         raise DataError(f"cannot read {path} ({err.strerror or err})") from None
     if data:
         yield offset, data
+
+
+def _piece_end(data: bytes) -> int:
+    """Where a piece of data ends: after its last line end, else before its last character (0: data is
+    one character, or part of one)."""
+    return data.rfind(b"\n") + 1 or _char_boundary(data)
 
 
 def _char_boundary(data: bytes) -> int:
@@ -520,7 +517,7 @@ def _long_pieces(split: str, raw: bytes) -> Iterator[Piece]:
     while start < len(raw):
         stop = min(len(raw), start + PIECE)
         if stop < len(raw):
-            stop = start + (raw.rfind(b"\n", start, stop) + 1 - start or _char_boundary(raw[start:stop]) or PIECE)
+            stop = start + (_piece_end(raw[start:stop]) or PIECE)
         yield Piece(split, raw[start:stop], start == 0, stop == len(raw))
         start = stop
 
