@@ -63,6 +63,72 @@ def test_accumulation_all_reduces_once_per_optimizer_step(tiny, tmp_path):
     assert [json.loads(Path(f"{counts}{rank}").read_text()) for rank in (0, 1)] == [3, 3]
 
 
+# Under torchrun --max-restarts=1: the first attempt leaves a key in the store its group joined
+# through, then rank 1 dies; the restarted attempt reports what it can see and all-reduces.
+RESTART = """
+import json, os, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+from {{ cookiecutter.package_name }}.engine.config import load_config
+from {{ cookiecutter.package_name }}.engine.parallel import distributed
+
+joined_through, init_process_group = {}, dist.init_process_group
+
+def spy(*args, **kwargs):
+    joined_through.update(store=kwargs.get("store"))
+    return init_process_group(*args, **kwargs)
+
+dist.init_process_group = spy
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+env = distributed.setup(load_config([], ["run.device=cpu", "distributed.timeout_s=60"]))
+store = joined_through["store"]
+if attempt == 0:
+    store.set(f"left by rank {env.rank}", "the first attempt")
+    dist.barrier()
+    if env.rank == 1:
+        os._exit(1)  # torchrun restarts the whole group
+    time.sleep(120)
+agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                      timeout=timedelta(seconds=30))
+total = torch.tensor([env.rank + 1.0])
+dist.all_reduce(total)
+print("RESTARTED " + json.dumps({
+    "attempt": attempt,
+    "seen": [store.check([f"left by rank {r}"]) for r in range(env.world_size)],
+    "in_the_agent_store": agent.check(["/worker/attempt_0/left by rank 0"]),
+    "sum": total.item(),
+}), flush=True)
+distributed.teardown()
+"""
+
+
+@pytest.mark.core  # launchers: the same for every task
+@pytest.mark.parametrize("rendezvous", ["standalone", "master-port"])
+def test_a_restarted_group_never_reads_the_previous_attempts_keys(rendezvous, tmp_path):
+    """Under torchrun --max-restarts=1, with no variable set, a restarted group joins through a store
+    in which the dead attempt's keys are out of sight (though torchrun's store still holds them),
+    and all-reduces; with --standalone and with --master-port (the static rendezvous)."""
+    script = tmp_path / "restart.py"
+    script.write_text(RESTART)
+    launch = ["--standalone"] if rendezvous == "standalone" else ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    command = [sys.executable, "-m", "torch.distributed.run", *launch, "--nproc_per_node=2", "--max-restarts=1"]
+    env = {key: value for key, value in os.environ.items() if key != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([*command, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines() if line.startswith("RESTARTED ")]
+    expected = {"attempt": 1, "seen": [False, False], "in_the_agent_store": True, "sum": 3.0}
+    assert reports == [expected, expected], result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @pytest.mark.slow
 @pytest.mark.core  # launchers: the same for every task
 def test_accelerate_launch_starts_two_cpu_processes(tiny, run_dir):
@@ -81,9 +147,7 @@ def test_accelerate_launch_starts_two_cpu_processes(tiny, run_dir):
 @pytest.mark.core  # launchers: the same for every task
 def test_two_nodes_rendezvous_through_c10d(tiny, run_dir):
     """Two torchrun agents (--nnodes=2, c10d rendezvous) on this machine train as one 2-process job."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
                "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=two-nodes",
                "-m", "{{ cookiecutter.package_name }}.train", *tiny]  # fmt: skip

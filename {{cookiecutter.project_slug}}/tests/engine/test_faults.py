@@ -91,7 +91,10 @@ def free_port() -> int:
 
 
 def environment(**extra) -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path), **extra}
+    """This environment, one thread per process, and no TORCH_DISABLE_SHARE_RDZV_TCP_STORE: restarts
+    must work without it (engine/parallel/distributed.py, restart_store)."""
+    inherited = {key: value for key, value in os.environ.items() if key != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
+    return {**inherited, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path), **extra}
 
 
 def start(nproc: int, args: list[str], *launcher_args: str, script: Path | None = None, **env) -> subprocess.Popen:
@@ -362,15 +365,13 @@ def test_sigusr1_to_every_process_exits_75_and_resumes_exactly(tiny, run_dir, re
 @pytest.mark.core  # signals, restarts and peers: the same for every task
 def test_elastic_restart_resumes_by_itself_and_ends_exact(tiny, run_dir, tmp_path, references):
     """A worker SIGKILLed at step 5 under torchrun --max-restarts=1: the restarted group resumes from
-    the step-4 checkpoint on its own and ends bit-identical to an uninterrupted run.
-
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as the README says: without it, restarted workers can
-    read the previous group's addresses from torchrun's store and fail or hang (pytorch#135712);
-    here 3 restarts in 6 did."""
+    the step-4 checkpoint on its own and ends bit-identical to an uninterrupted run, with no
+    variable set: before the restarted group keyed its store by the restart count, 3 restarts in 6
+    read the dead group's addresses from torchrun's store and failed or hung (pytorch#135712)."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     process = start(2, [*tiny, *SETUPS["fsdp"][1]], "--max-restarts=1", script=script,
-                    FAULT="die", FAULT_STEP="5", FAULT_RANK="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")  # fmt: skip
+                    FAULT="die", FAULT_STEP="5", FAULT_RANK="1")  # fmt: skip
     code, output = finish(process)
     assert code == 0, output[-3000:]
     assert "resumed from" in output and "step_00000004 at step 4" in output, output[-3000:]

@@ -1,8 +1,11 @@
 """Process group, device and model wrapping. One process is world size 1 of the same code.
 
 Rank, local rank and world size come from the launcher's environment (torchrun and accelerate
-launch set RANK, LOCAL_RANK and WORLD_SIZE); the process group uses the launcher's env://
-rendezvous, which keeps torchrun restarts working.
+launch set RANK, LOCAL_RANK and WORLD_SIZE); the process group joins through the launcher's store
+at MASTER_ADDR:MASTER_PORT. On one node, each restart of the group (torchrun --max-restarts) keys
+its part of that store by the restart count (restart_store), so a restarted group never reads the
+addresses of the group that died; across nodes that takes TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+(docs/distributed.md, "Restarts").
 """
 
 from __future__ import annotations
@@ -68,20 +71,53 @@ def setup(cfg: Config) -> DistEnv:
         device = torch.device("cpu")
         if cfg.run.cache_cpu_memory:
             cache_freed_memory()
-    if os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0" and not os.environ.get(
-        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-    ):
-        log.warning(
-            "torchrun --max-restarts without TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: restarted workers can read "
-            "the previous group's addresses and fail or hang (pytorch#135712); set it where torchrun starts"
-        )
     launched = "MASTER_ADDR" in os.environ  # by torchrun or accelerate, even with one process
     if world_size > 1 or (launched and cfg.distributed.strategy in ("ddp", "fsdp")):
         backend = cfg.distributed.backend
         if backend == "auto":
             backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=timedelta(seconds=cfg.distributed.timeout_s))
+        timeout = timedelta(seconds=cfg.distributed.timeout_s)
+        store = restart_store(world_size, timeout)
+        if store is None:
+            warn_if_restarts_share_a_store(world_size)
+            dist.init_process_group(backend, timeout=timeout)
+        else:
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     return DistEnv(rank, local_rank, world_size, device)
+
+
+def restart_store(world_size: int, timeout: timedelta) -> dist.Store | None:
+    """The store this attempt of a one-node torchrun job joins through: the agent's, under a prefix
+    named by the restart count. None where env:// is right (no agent store, or several nodes).
+
+    Since torch 2.5 the elastic agent hosts the workers' store at MASTER_ADDR:MASTER_PORT once for
+    the whole job, not once per restart, while env:// no longer keys it per attempt (pytorch#136768
+    assumed a new store per retry; checked on torch 2.14.1). A restarted rank could then read the
+    dead group's gloo/NCCL addresses and connect to a dead peer, in some runs only. This is what
+    torch 2.4 and earlier did themselves. On one node every worker has the same restart count;
+    across nodes each agent counts its own restarts, so the prefixes could differ and the group
+    would never meet: there env:// stays (warn_if_restarts_share_a_store).
+    """
+    one_node = os.environ.get("LOCAL_WORLD_SIZE") == str(world_size)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or not one_node:
+        return None
+    attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    agent = dist.TCPStore(
+        os.environ["MASTER_ADDR"], _env_int("MASTER_PORT", 0), world_size, is_master=False, timeout=timeout
+    )
+    return dist.PrefixStore(f"/worker/attempt_{attempt}", agent)
+
+
+def warn_if_restarts_share_a_store(world_size: int) -> None:
+    """Several nodes under --max-restarts share one store across restarts unless told otherwise."""
+    restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") != "0"
+    shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if restarts and shared and os.environ.get("LOCAL_WORLD_SIZE") != str(world_size):
+        log.warning(
+            "torchrun --max-restarts on several nodes: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 where each "
+            "torchrun starts (with --rdzv-backend=c10d), or restarted workers can read the previous group's "
+            "addresses and fail or hang (pytorch#135712)"
+        )
 
 
 def cache_freed_memory() -> bool:
