@@ -213,6 +213,45 @@ def test_workers_and_shards_write_the_same_bytes_and_train_the_same(tmp_path, mo
     ]
 
 
+def write_records(path, documents: list[str]) -> tuple[list[str], list[str]]:
+    """documents as the rows of a Parquet file, the lines of a JSON lines file, or the pieces of a text
+    file cut by <|sep|>, as path's name says; the arguments that read them and each one's identity."""
+    if path.suffix == ".parquet":
+        pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+        pq.write_table(pa.table({"text": documents}), path, row_group_size=7)
+        return [str(path)], [f"{path.name}:{row}" for row in range(len(documents))]
+    if path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps({"text": doc}) + "\n" for doc in documents), encoding="utf-8")
+        return [str(path)], [f"{path.name}:{line}" for line in range(1, len(documents) + 1)]
+    path.write_text("<|sep|>".join(documents), encoding="utf-8")
+    return [str(path), "--doc-sep", "<|sep|>"], [f"{path.name}#{i}" for i in range(len(documents))]
+
+
+@pytest.mark.parametrize("name", ["rows.parquet", "abstracts.jsonl", "pieces.txt"])
+def test_a_file_of_too_few_records_for_the_fraction_validates_its_smallest_hash(tmp_path, monkeypatch, name):
+    """40 records in one file, none of which the default --val-fraction picks, still split: the record
+    with the smallest hash is validation, meta.json names it, and --workers 2 writes the same bytes."""
+    monkeypatch.setattr(prepare_module, "JOB", 500)  # several jobs, so the workers take turns
+    documents = [f"record {i}: " + "héllo wörld " * (i % 5 + 1) for i in range(40)]
+    arguments, identities = write_records(tmp_path / name, documents)
+    assert not any(goes_to_val(identity, 0.05) for identity in identities)
+    smallest = min(range(40), key=lambda i: prepare_module._hash(identities[i]))
+    spec = bpe_tokenizer(tmp_path)
+    for workers in ("1", "2"):
+        out = tmp_path / f"out{workers}"
+        assert prepare_main(["--out", str(out), "--tokenizer", spec, "--workers", workers, *arguments]) == 0
+        meta = json.loads((out / "meta.json").read_text())
+        assert meta["split"] == {
+            "rule": "hash",
+            "val_fraction": 0.05,
+            "fallback": "smallest_hash",
+            "val_document": identities[smallest],
+        }
+        assert (meta["train"]["documents"], meta["val"]["documents"]) == (39, 1)
+        assert meta["val"]["bytes"] == len(documents[smallest].encode())
+    assert output_bytes(tmp_path / "out2") == output_bytes(tmp_path / "out1")
+
+
 def test_token_folders_of_the_first_format_still_train(corpus, tmp_path):
     """A folder written before shards (train.bin, val.bin, a meta.json without file lists) reads the same
     tokens as its sharded form."""
@@ -275,12 +314,14 @@ def latest_checkpoint_vocab(run_dir) -> int:
 
 
 def test_bad_records_and_folders_are_one_line_errors(tmp_path, capsys):
-    """A JSON line without the text field, a datasets folder of several splits, and too few documents
-    for the hash split each exit 2 with one line that says what to do."""
+    """A JSON line without the text field, a datasets folder of several splits, and one document (a JSON
+    line, or a text file --doc-sep does not cut) with no tail split each exit 2 with one line that says
+    what to do."""
     (tmp_path / "a.jsonl").write_text('{"text": "fine"}\n{"content": "no text key"}\n')
     (tmp_path / "dict").mkdir()
     (tmp_path / "dict" / "dataset_dict.json").write_text('{"splits": ["train", "test"]}')
     (tmp_path / "b.jsonl").write_text('{"text": "one"}\n')
+    (tmp_path / "c.txt").write_text("one paragraph\nof two lines\n")
     cases = [
         (
             [str(tmp_path / "a.jsonl")],
@@ -288,6 +329,7 @@ def test_bad_records_and_folders_are_one_line_errors(tmp_path, capsys):
         ),
         ([str(tmp_path / "dict")], f"--val-files {tmp_path / 'dict' / 'test'}"),
         ([str(tmp_path / "b.jsonl")], "no document went to the"),
+        ([str(tmp_path / "c.txt"), "--doc-sep", "\\n\\n"], "one document is too few to split by hash"),
         ([str(tmp_path / "b.jsonl"), "--workers", "0"], "--workers=0 must be at least 1"),
     ]
     for number, (arguments, message) in enumerate(cases):

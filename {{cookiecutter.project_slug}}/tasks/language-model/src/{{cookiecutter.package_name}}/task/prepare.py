@@ -23,8 +23,9 @@ Splitting, written into meta.json as split.rule:
            --val-fraction, so the split does not depend on the order inputs are found in, on which
            other inputs exist, or on --workers. The identity is the file's name relative to its
            PATH, with '#i' for the i-th piece --doc-sep cut (from 0), ':LINE' for a JSON line (from
-           1) and ':ROW' for a Parquet or datasets row (from 0). When only whole files are read and
-           the fraction leaves a split empty, the file with the smallest hash is validation.
+           1) and ':ROW' for a Parquet or datasets row (from 0). When the fraction leaves a split
+           empty and there are two documents or more, the one with the smallest hash is validation
+           and the others train (split.val_document names it).
 
 Prepare streams: it holds a few megabytes of text at a time, however large the corpus, and
 `--workers N` tokenizes with a tokenizer.json in N processes of one thread each, writing the same
@@ -423,7 +424,7 @@ class Plan:
     def __init__(self, sources: list[Source], options: Options):
         self.sources, self.options = sources, options
         self.separator = None if options.doc_sep is None else unescape(options.doc_sep).encode("utf-8")
-        self.skipped = 0
+        self.skipped: set[Path] = set()  # a set: the look-ahead for the fallback meets some files twice
         explicit = any(source.val is not None for source in sources)
         whole_files = self.separator is None and all(source.kind == "text" for source in sources)
         if explicit:
@@ -432,19 +433,38 @@ class Plan:
             self.rule = "tail"
         else:
             self.rule = "hash"
-        self.val_names: set[str] | None = None  # whole files: decided up front, with today's fallback
-        if self.rule == "hash" and whole_files:
-            names = [source.name for source in sources]
-            self.val_names = {name for name in names if goes_to_val(name, options.val_fraction)}
-            if not self.val_names or len(self.val_names) == len(names):  # too few files for the fraction
-                self.val_names = {min(names, key=_hash)}
+        self.fallback = self._smallest_hash() if self.rule == "hash" else None
         self.cut: int | None = None
+
+    def _smallest_hash(self) -> str | None:
+        """The document that alone is validation when the fraction leaves a split empty: the one with the
+        smallest hash, if there are two or more. Decided before any is written, so that it does not depend
+        on --workers; the look-ahead stops once both splits have a document, after a few documents unless
+        the corpus is too small for the fraction."""
+        splits, smallest, count = set(), None, 0
+        for identity in self._identities():
+            splits.add(goes_to_val(identity, self.options.val_fraction))
+            if len(splits) == 2:
+                return None
+            count += 1
+            if smallest is None or _hash(identity) < _hash(smallest):
+                smallest = identity
+        return smallest if count > 1 else None
+
+    def _identities(self) -> Iterator[str]:
+        """The identities of the documents pieces() will hold, in its order."""
+        for source in self.sources:
+            if source.kind == "text" and self.separator is None:
+                if _is_document(source.path):
+                    yield source.name
+                continue
+            yield from (identity for identity, raw in self._documents(source) if raw)
 
     def split_of(self, source: Source, identity: str) -> str:
         if source.val is not None:
             return "val" if source.val else "train"
-        if self.val_names is not None:
-            return "val" if identity in self.val_names else "train"
+        if self.fallback is not None:
+            return "val" if identity == self.fallback else "train"
         return "val" if goes_to_val(identity, self.options.val_fraction) else "train"
 
     def pieces(self) -> Iterator[Piece]:
@@ -473,7 +493,7 @@ class Plan:
                 raw.decode("utf-8")
             except UnicodeDecodeError as err:
                 if index == 0:
-                    self.skipped += 1
+                    self.skipped.add(source.path)
                     return
                 raise DataError(f"{source.path}: not UTF-8 in document {identity} ({err.reason})") from None
             yield identity, raw
@@ -494,7 +514,7 @@ class Plan:
                     decoder.decode(raw)
                 except UnicodeDecodeError as err:
                     if offset == 0:
-                        self.skipped += 1
+                        self.skipped.add(source.path)
                         return
                     raise DataError(
                         f"{source.path}: not UTF-8 at byte {offset + err.start} (after {offset} bytes that were); "
@@ -506,6 +526,17 @@ class Plan:
             if previous is not None:
                 previous.end = stop == size
                 yield previous
+
+
+def _is_document(path: Path) -> bool:
+    """Whether a whole text file holds a document: it is not empty, and not skipped for its first piece
+    not being UTF-8."""
+    raw = next(line_pieces(path), (0, b""))[1]
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(raw)
+    except UnicodeDecodeError:
+        return False
+    return bool(raw)
 
 
 def _long_pieces(split: str, raw: bytes) -> Iterator[Piece]:
@@ -602,10 +633,11 @@ def _prepare(paths: list[str], out: Path, options: Options, val_paths: list[str]
     finally:
         for writer in writers.values():
             writer.close()
+    documents = sum(writer.stats["documents"] for writer in writers.values())
     for name, writer in writers.items():
         if writer.stats["tokens"] < 2:
             shutil.rmtree(staging)
-            raise DataError(_empty_split(name, plan))
+            raise DataError(_empty_split(name, plan, documents))
     meta = {
         "format": FORMAT,
         "tokenizer": "bytes" if options.tokenizer == "bytes" else "tokenizer.json",
@@ -614,7 +646,7 @@ def _prepare(paths: list[str], out: Path, options: Options, val_paths: list[str]
         "dtype": dtype,
         "split": _split_meta(plan),
         **{name: {**writer.stats, "files": writer.files} for name, writer in writers.items()},
-        "skipped_files": plan.skipped,
+        "skipped_files": len(plan.skipped),
         "val_fraction": options.val_fraction,
         "shard_tokens": options.shard_tokens,
         "inputs": dict(collections.Counter(source.kind for source in sources)),
@@ -633,14 +665,17 @@ def _split_meta(plan: Plan) -> dict:
         return {"rule": "files", "val_inputs": [s.name for s in plan.sources if s.val]}
     if plan.rule == "tail":
         return {"rule": "tail", "val_fraction": plan.options.val_fraction, "cut_at_byte": plan.cut}
-    return {"rule": "hash", "val_fraction": plan.options.val_fraction}
+    split = {"rule": "hash", "val_fraction": plan.options.val_fraction}
+    if plan.fallback is not None:
+        split |= {"fallback": "smallest_hash", "val_document": plan.fallback}
+    return split
 
 
-def _empty_split(name: str, plan: Plan) -> str:
-    if plan.rule == "hash" and plan.val_names is None:
+def _empty_split(name: str, plan: Plan, documents: int) -> str:
+    if plan.rule == "hash" and documents == 1:  # the smallest-hash fallback needs two
         return (
-            f"no document went to the {name} split with --val-fraction {plan.options.val_fraction}: too few "
-            "documents for it; change --val-fraction, or name the validation inputs with --val-files"
+            f"no document went to the {name} split with --val-fraction {plan.options.val_fraction}: one document "
+            "is too few to split by hash; name the validation inputs with --val-files"
         )
     return f"the {name} split has no text (every input of it was empty or not UTF-8)"
 
