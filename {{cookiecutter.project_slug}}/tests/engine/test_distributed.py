@@ -111,13 +111,15 @@ def test_a_restarted_group_never_reads_the_previous_attempts_keys(rendezvous, tm
     and all-reduces; with --standalone and with --master-port (the static rendezvous)."""
     script = tmp_path / "restart.py"
     script.write_text(RESTART)
-    launch = ["--standalone"] if rendezvous == "standalone" else ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    static = ["--master-addr=127.0.0.1", f"--master-port={free_port()}"]
+    launch = ["--standalone"] if rendezvous == "standalone" else static
     command = [sys.executable, "-m", "torch.distributed.run", *launch, "--nproc_per_node=2", "--max-restarts=1"]
     env = {key: value for key, value in os.environ.items() if key != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
     result = subprocess.run([*command, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    reports = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines() if line.startswith("RESTARTED ")]
+    marker = "RESTARTED "
+    reports = [json.loads(line[len(marker) :]) for line in result.stdout.splitlines() if line.startswith(marker)]
     expected = {"attempt": 1, "seen": [False, False], "in_the_agent_store": True, "sum": 3.0}
     assert reports == [expected, expected], result.stdout[-3000:] + result.stderr[-3000:]
 
