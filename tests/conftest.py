@@ -105,13 +105,17 @@ def files_left(root: Path) -> list[str]:
     )
 
 
-def run_baked_tests(project: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run a baked project's own test suite with this interpreter, importing it from ``src/``.
+def run_baked_tests(
+    project: Path, *args: str, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run a baked project's own test suite with this interpreter, importing it from ``src/``, with
+    env's variables added.
 
     Its temporary directories go under `temproot_for(project)`.
     """
     env = {
         **os.environ,
+        **(env or {}),
         "PYTHONPATH": str(project / "src"),
         "PYTEST_DEBUG_TEMPROOT": str(temproot_for(project)),
     }

@@ -60,7 +60,8 @@ def test_make_smoke_trains_two_gloo_processes(project):
 
 def test_every_make_target_expands_to_a_real_command(project):
     """Each target the README lists exists in the Makefile and names the baked package's modules."""
-    for target in ("install", "train", "smoke", "test", "test-all", "lint", "format", "plot"):
+    targets = ("install", "train", "smoke", "test", "test-all", "test-portable", "lint", "format")
+    for target in (*targets, "plot"):
         completed = make(project, "-n", target)
         assert completed.returncode == 0, (target, completed.stderr)
     dry = make(project, "-n", "train", "plot").stdout
@@ -69,12 +70,13 @@ def test_every_make_target_expands_to_a_real_command(project):
 
 def test_ci_workflow_lints_tests_and_runs_the_two_process_smoke(project):
     """The GitHub Actions job installs the CPU build, then runs make lint, every test tier
-    (make test-all) and the smoke run."""
+    (make test-all), the fast tier under a second arithmetic (make test-portable) and the smoke
+    run."""
     workflow = yaml.safe_load((project.path / ".github/workflows/ci.yml").read_text())
     steps = workflow["jobs"]["test"]["steps"]
     runs = [step["run"].strip() for step in steps if "run" in step]
     assert "download.pytorch.org/whl/cpu" in runs[0] and 'pip install -e ".[dev]"' in runs[0]
-    assert runs[1:] == ["make lint", "make test-all", "make smoke"]
+    assert runs[1:] == ["make lint", "make test-all", "make test-portable", "make smoke"]
     python = steps[1]["with"]["python-version"]
     assert python == project.context["python_version"]
 

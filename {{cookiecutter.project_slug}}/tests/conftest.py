@@ -16,6 +16,14 @@ from {{ cookiecutter.package_name }}.engine.ckpt.sharded import ShardedWeights
 from tiny import TINY
 
 
+def pytest_report_header(config) -> str:
+    """The arithmetic this run's numbers come from: float results differ between CPUs (SIMD width)
+    and thread counts, so a test compares only numbers computed in this run (README, "Tests")."""
+    threads = torch.get_num_threads()
+    capability = torch.backends.cpu.get_cpu_capability()
+    return f"arithmetic: torch {torch.__version__}, CPU capability {capability}, {threads} thread{'s' * (threads > 1)}"
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
