@@ -2,8 +2,10 @@
 
     python bench/report.py          # from bench/results/cpu.json and bench/results/gpu.json
 
-bench/run.py --docs calls write_docs() after a full run. The CPU table comes from cpu.json;
-the GPU table from gpu.json, which bench/gpu.sh writes on a CUDA machine.
+bench/run.py --docs calls write_docs() after a run. The CPU table comes from cpu.json;
+the GPU table from gpu.json, which bench/gpu.sh writes on a CUDA machine. The language model's
+demo figures the two READMEs quote (DEMO_QUOTES) are rewritten from cpu.json too, and
+tests/test_docs.py checks they agree with it.
 """
 
 from __future__ import annotations
@@ -18,6 +20,16 @@ DOCS = HERE.parent / "docs"
 PAGE = DOCS / "performance.md"
 PLOT = DOCS / "img" / "bench.png"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+TEMPLATE = HERE.parent
+# Where the READMEs quote the language model's demo: a pattern with one named group per figure
+# (demo_figures' names); white space in a pattern matches any, line breaks included.
+DEMO_QUOTES = {
+    TEMPLATE / "README.md": r"ends (?P<over>\d+\.\d)% above that floor in (?P<wall>\d+) s",
+    TEMPLATE / "{{cookiecutter.project_slug}}" / "README.md": (
+        r"ended at\s+`val/loss`\s+(?P<loss>\d\.\d{4})\s+against\s+a\s+floor\s+of\s+"
+        r"(?P<floor>\d\.\d{4}),\s+(?P<over>\d+\.\d)%\s+above\s+it,\s+in\s+(?P<wall>\d+)\s+s"
+    ),
+}
 CONTENDERS = ("raw", "generated", "lightning")
 
 
@@ -216,10 +228,43 @@ def plot(results: dict, path: Path = PLOT) -> None:
     figure.savefig(path, dpi=100)
 
 
+def demo_figures(figures: dict) -> dict[str, str]:
+    """The language model's demo as the READMEs print it: over the floor in %, wall seconds, the
+    final val/loss and the floor."""
+    ratio, loss = figures["lm_demo/val_loss_over_floor"], figures["lm_demo/val_loss"]
+    return {
+        "over": f"{(ratio - 1) * 100:.1f}",
+        "wall": f"{figures['lm_demo/wall_s']:.0f}",
+        "loss": f"{loss:.4f}",
+        "floor": f"{loss / ratio:.4f}",
+    }
+
+
+def quoted(path: Path) -> dict[str, str]:
+    """The demo figures a README quotes now."""
+    match = re.search(DEMO_QUOTES[path], path.read_text(encoding="utf-8"))
+    if not match:
+        raise SystemExit(f"{path} does not quote the language model's demo as DEMO_QUOTES expects")
+    return match.groupdict()
+
+
+def quote_demo(path: Path, figures: dict) -> None:
+    """Rewrite the demo figures a README quotes (only the numbers; its wrapping stays)."""
+    quoted(path)  # it still quotes them
+    text, values = path.read_text(encoding="utf-8"), demo_figures(figures)
+    match = re.search(DEMO_QUOTES[path], text)
+    parts, last = [text[: match.start()]], match.start()
+    for name in sorted(match.groupdict(), key=match.start):
+        parts += [text[last : match.start(name)], values[name]]
+        last = match.end(name)
+    path.write_text("".join(parts) + text[last:], encoding="utf-8")
+
+
 def write_docs(
     results: dict, gpu: dict | None = None, page_path: Path = PAGE, plot_path: Path = PLOT
 ) -> None:
-    """Replace the text between the markers of docs/performance.md and redraw the plot."""
+    """Replace the text between the markers of docs/performance.md, redraw the plot, and quote the
+    language model's demo in the READMEs when the results measured it."""
     gpu_file = HERE / "results" / "gpu.json"
     if gpu is None and gpu_file.exists():
         gpu = json.loads(gpu_file.read_text())
@@ -232,15 +277,23 @@ def write_docs(
     )
     page_path.write_text(page, encoding="utf-8")
     plot(results, plot_path)
+    if "lm_demo/val_loss_over_floor" in results["figures"]:
+        for readme in DEMO_QUOTES:
+            quote_demo(readme, results["figures"])
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, str(HERE))
-    cpu = json.loads((HERE / "results" / "cpu.json").read_text())
+def with_parts(cpu: dict) -> dict:
+    """cpu.json's results with the figures of the --only-PART runs (results/cpu_PART.json) that a
+    full run measures too: scale where cpu.json lacks it, prepare and nanoGPT."""
     for part, figure in (("scale", "scale/share_gb"), ("prepare", None), ("nanogpt", None)):
         part_file = HERE / "results" / f"cpu_{part}.json"  # from run.py --only-PART
         if part_file.exists() and (figure is None or figure not in cpu["figures"]):
             found = json.loads(part_file.read_text())["figures"]
             prefix = "" if part != "nanogpt" or "nanogpt/steps" in found else "nanogpt/"
             cpu["figures"].update({prefix + name: value for name, value in found.items()})
-    write_docs(cpu)
+    return cpu
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    write_docs(with_parts(json.loads((HERE / "results" / "cpu.json").read_text())))

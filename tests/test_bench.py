@@ -247,3 +247,19 @@ def test_instruction_count_refuses_to_run_outside_callgrind(tmp_path):
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert "could not switch callgrind's count on" in done.stderr, done.stderr[-2000:]
+
+
+def test_a_missed_target_is_named_and_the_timed_run_fails():
+    """Each figure that misses its target gets a `target missed:` line naming it, its value and the
+    target (a timed run prints them and exits 1); figures that hold, or were not measured, none."""
+    from importlib import util
+
+    spec = util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
+    run = util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+    figures = {"lm_demo/val_loss_over_floor": 1.113, "lm_demo/wall_s": 150.0, "demo/val_acc": 0.95}
+    line = "target missed: lm_demo/val_loss_over_floor = 1.113, wanted <= 1.065"
+    assert run.missed(figures) == [line]
+    assert run.missed({**figures, "lm_demo/val_loss_over_floor": 1.05}) == []
+    source = (ROOT / "bench" / "run.py").read_text()
+    assert "return 1 if misses else 0" in source  # main's exit status follows missed()

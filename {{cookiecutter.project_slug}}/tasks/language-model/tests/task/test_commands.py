@@ -58,18 +58,20 @@ def test_smoke_run_learns_and_writes_its_outputs(tiny, run_dir, capsys):
 
 
 @pytest.mark.slow
-def test_the_synthetic_demo_approaches_its_entropy_floor(tmp_path):
-    """A micro model on an order-1 source: val/loss falls from about ln(V) to within 10% of the floor,
-    and never below it by more than the validation set's sampling noise."""
+def test_the_default_demo_ends_near_its_entropy_floor(tmp_path):
+    """`python -m {{ cookiecutter.package_name }}.train` with its defaults (the README's demo, a few
+    minutes on 2 cores) starts well above the synthetic source's floor and ends within 10% of it,
+    never below it by more than the validation set's sampling noise.
+
+    The run is deterministic for its seed; a second arithmetic (plain kernels, one thread) moved its
+    final val/loss by 3e-4 (1.9866 against 1.9863, docs/performance.md): 10% leaves ample room
+    above the 6.5% the template's benchmark holds the demo to, and fails when a default spoils it."""
     run = tmp_path / "run"
-    overrides = ["run.device=cpu", "tracker.name=none", f"run.output_dir={run}", "model.preset=micro",
-                 "data.order=1", "data.vocab_size=16", "data.seq_len=32", "data.val_tokens=8192",
-                 "trainer.max_steps=150", "trainer.val_every=50", "optim.lr=0.01", "optim.warmup_steps=10"]  # fmt: skip
-    assert main(overrides) == 0
+    assert main(["run.device=cpu", "tracker.name=none", f"run.output_dir={run}"]) == 0
     records = vals(run)
     floor = records[-1]["val/loss_floor"]
-    assert records[0]["val/loss"] > floor * 1.02
-    assert floor * 0.97 < records[-1]["val/loss"] < floor * 1.10, records[-1]
+    assert records[0]["val/loss"] > floor * 1.1
+    assert floor * 0.99 < records[-1]["val/loss"] < floor * 1.10, records[-1]
 
 
 def test_val_every_validates_between_epochs_and_at_the_end(tiny, run_dir):
@@ -222,9 +224,11 @@ def test_a_checkpoint_of_the_flat_layout_resumes_exactly(tiny, tmp_path, final_w
 
     Both runs are made here: the fixture's numbers came from another CPU, whose float32 kernels
     round differently, so a straight run made here is not the expected result (README, "Tests")."""
-    # The flat layout trained with torch's betas (0.9, 0.999), before optim.betas: its checkpoint's
-    # optimizer keeps them on resume, and the run resumed from today's copy must use them too.
-    saves = ["trainer.checkpoint_every=3", "trainer.checkpoint_format=full", "optim.betas=[0.9,0.999]"]
+    # The flat layout trained with torch's betas (0.9, 0.999), before optim.betas, and the learning
+    # rate then the default: its checkpoint's optimizer keeps them on resume, and the run resumed
+    # from today's copy must use them too.
+    saves = ["trainer.checkpoint_every=3", "trainer.checkpoint_format=full"]
+    saves += ["optim.betas=[0.9,0.999]", "optim.lr=0.006"]
     old = load_checkpoint(FLAT_LAYOUT_CHECKPOINT)
     stored = torch.load(FLAT_LAYOUT_CHECKPOINT, map_location="cpu", weights_only=True)["model"]
     cfg = load_config([], [*tiny, *saves])

@@ -22,9 +22,9 @@ class DataConfig(DataBase):
     (token files written by `python -m PACKAGE.prepare` in data.root)."""
     root: str = "data"
     """text: the directory PACKAGE.prepare wrote (meta.json and the token files it names)."""
-    seq_len: int = 128
+    seq_len: int = 64
     """Tokens per training sequence (the model's context length)."""
-    batch_size: int = 32
+    batch_size: int = 64
     """Sequences per process per micro-batch; the global batch is batch_size x world size x grad_accum_steps."""
     loader: str = "auto"
     """device (both token splits on the training device as one tensor each, windows gathered there, no
@@ -131,8 +131,8 @@ SPEC = TaskSpec(
     # A run is measured in optimizer steps, with validations between them, rather than in epochs
     # of a fixed data set.
     defaults={
-        "optim": {"lr": 6e-3, "weight_decay": 0.1, "betas": [0.9, 0.95], "warmup_steps": 30},
-        "trainer": {"max_epochs": 1000, "max_steps": 800, "val_every": 100, "checkpoint_every": 200},
+        "optim": {"lr": 1e-2, "weight_decay": 0.1, "betas": [0.9, 0.95], "warmup_steps": 30},
+        "trainer": {"max_epochs": 1000, "max_steps": 600, "val_every": 100, "checkpoint_every": 200},
     },
     # What a checkpoint's stored config sets in evaluate, export and generate: what rebuilds the
     # model and the data it was trained on. Nothing that names a place (data.root) comes from a
