@@ -240,19 +240,23 @@ def demo_figures(figures: dict) -> dict[str, str]:
     }
 
 
-def quoted(path: Path) -> dict[str, str]:
-    """The demo figures a README quotes now."""
-    match = re.search(DEMO_QUOTES[path], path.read_text(encoding="utf-8"))
+def _quote(path: Path) -> tuple[str, re.Match]:
+    """A README's text and where it quotes the demo figures."""
+    text = path.read_text(encoding="utf-8")
+    match = re.search(DEMO_QUOTES[path], text)
     if not match:
         raise SystemExit(f"{path} does not quote the language model's demo as DEMO_QUOTES expects")
-    return match.groupdict()
+    return text, match
+
+
+def quoted(path: Path) -> dict[str, str]:
+    """The demo figures a README quotes now."""
+    return _quote(path)[1].groupdict()
 
 
 def quote_demo(path: Path, figures: dict) -> None:
     """Rewrite the demo figures a README quotes (only the numbers; its wrapping stays)."""
-    quoted(path)  # it still quotes them
-    text, values = path.read_text(encoding="utf-8"), demo_figures(figures)
-    match = re.search(DEMO_QUOTES[path], text)
+    (text, match), values = _quote(path), demo_figures(figures)
     parts, last = [text[: match.start()]], match.start()
     for name in sorted(match.groupdict(), key=match.start):
         parts += [text[last : match.start(name)], values[name]]

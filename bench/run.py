@@ -534,7 +534,7 @@ TARGETS = [
     ("demo/wall_s", "< 180", lambda v, f: v < 180),
     ("demo/wall_s_device_over_workers", "<= 1", lambda v, f: v <= 1.0),
     ("demo/wall_s_device_over_workers_paired", "<= 1", lambda v, f: v <= 1.0),
-    # What the template README promises of the language model's demo (report.README_DEMO).
+    # What the READMEs promise of the language model's demo (report.DEMO_QUOTES quotes it).
     ("lm_demo/val_loss_over_floor", "<= 1.065", lambda v, f: v <= 1.065),
     ("lm_demo/wall_s", "<= 180", lambda v, f: v <= 180),
     ("prepare/bytes/workers1_over_plain", ">= 1", lambda v, f: v >= 1.0),
