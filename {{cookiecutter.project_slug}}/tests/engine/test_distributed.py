@@ -40,6 +40,7 @@ sys.exit(code)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.core  # DDP's communication under accumulation: the same for every task
 def test_accumulation_all_reduces_once_per_optimizer_step(tiny, tmp_path):
     """With 2 micro-batches per step under DDP, gradients are all-reduced 3 times in 3 steps, not 6
