@@ -184,6 +184,16 @@ AT_LEAST_ONE = (
 )
 
 
+def with_stored_defaults(stored: dict) -> dict:
+    """A checkpoint's stored config, with TaskSpec.stored_defaults for the keys it predates."""
+    filled = {section: dict(values) if isinstance(values, dict) else values for section, values in stored.items()}
+    for key, value in TASK.stored_defaults.items():
+        section, leaf = key.split(".")
+        if isinstance(filled.get(section), dict):
+            filled[section].setdefault(leaf, value)
+    return filled
+
+
 def load_config(config_files: list[str | Path] = (), overrides: list[str] = (), base: dict | None = None) -> Config:
     """Merge defaults, base (a stored config), YAML files and key=value overrides into a validated Config."""
     merged = _defaults()

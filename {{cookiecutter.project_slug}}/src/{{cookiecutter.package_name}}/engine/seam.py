@@ -87,6 +87,9 @@ class TaskSpec:
     """Overrides evaluate and export apply to a --config file: training-only settings that may be gone."""
     resume_may_change: tuple[str, ...] = ()
     """Task keys a resumed run may change (a data folder moved, say): none may change what is trained."""
+    stored_defaults: dict[str, object] = field(default_factory=dict)
+    """Values of task keys newer than some checkpoints, as those checkpoints were trained ("section.key" ->
+    value): a stored config that lacks the key is read with this value, not with today's default."""
     memory_hint: str = "a smaller model"
     """What else to try when even data.batch_size=1 runs out of memory (names task keys)."""
     plot_panel: tuple[str, tuple[tuple[str, str], ...]] = ("Validation", ())

@@ -17,7 +17,7 @@ from torch import nn
 from .ckpt.checkpoint import rng_state, save_checkpoint, set_rng_state
 from .ckpt.restore import mismatch
 from .ckpt.sharded import ShardedSaver, ShardedWeights, load_training_state, sharded_state
-from .config import Config, to_dict
+from .config import Config, to_dict, with_stored_defaults
 from .ema import WeightAverage
 from .errors import CheckpointError, OutputError, why_not_written
 from .metrics import SampleMean
@@ -222,7 +222,7 @@ class TrainState:
 
     def resume(self, path: Path, state: dict, cfg: Config, env, global_batch: int) -> None:
         """Continue from a checkpoint: refuse config changes it cannot honour, then restore everything."""
-        stored = state.get("config") or {}
+        stored = with_stored_defaults(state.get("config") or {})
         stored_batch = stored.get("data", {}).get("batch_size", cfg.data.batch_size)
         stored_accum = stored.get("trainer", {}).get("grad_accum_steps", cfg.trainer.grad_accum_steps)
         changed = check_resume_changes(

@@ -18,7 +18,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from torch import nn
 
-from ..config import TASK, Config, load_config, parse_args
+from ..config import TASK, Config, load_config, parse_args, with_stored_defaults
 from ..ema import load_average_into
 from ..errors import CheckpointError, ConfigError
 from .checkpoint import latest_checkpoint, load_checkpoint, strip_prefixes
@@ -89,7 +89,7 @@ def _checkpoint_option(argv: list[str]) -> tuple[str | None, str | None, list[st
 
 def model_and_task(state: dict, path: Path) -> dict:
     """The TaskSpec.from_checkpoint part of a checkpoint's stored config, as {section: {key: value}}."""
-    stored = state.get("config") if isinstance(state.get("config"), dict) else {}
+    stored = with_stored_defaults(state["config"]) if isinstance(state.get("config"), dict) else {}
     taken: dict = {}
     for section, keys in TASK.from_checkpoint.items():
         values = stored.get(section) if isinstance(stored.get(section), dict) else {}

@@ -5,8 +5,8 @@ import torch
 from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.config import ConfigError
-from {{ cookiecutter.package_name }}.task.config import ModelConfig
-from {{ cookiecutter.package_name }}.task.model import GPT, PRESETS, GPTShape, build_model, init_module, lm_loss
+from {{ cookiecutter.package_name }}.task.config import PRESET_NAMES, ModelConfig
+from {{ cookiecutter.package_name }}.task.model import GPT, PRESETS, ModelShape, build_model, init_module, lm_loss
 
 
 def test_a_token_never_sees_the_tokens_after_it():
@@ -34,11 +34,11 @@ def test_presets_span_a_cpu_model_to_gpt2_small():
     """The gpt2 preset with GPT-2's vocabulary and context has GPT-2 small's 124M parameters; the
     CPU presets are a few million or fewer. Built on the meta device: no memory is allocated."""
     with torch.device("meta"):
-        gpt2 = GPT(GPTShape.of(ModelConfig(preset="gpt2"), vocab_size=50257, seq_len=1024))
+        gpt2 = GPT(ModelShape.of(ModelConfig(preset="gpt2"), vocab_size=50257, seq_len=1024))
         mini = build_model(ModelConfig(preset="mini"), vocab_size=257, seq_len=256)
     assert 124_000_000 < sum(p.numel() for p in gpt2.parameters()) < 124_700_000
     assert 1_000_000 < sum(p.numel() for p in mini.parameters()) < 5_000_000
-    assert list(PRESETS) == ["nano", "micro", "mini", "small", "gpt2"]
+    assert list(PRESETS) == list(PRESET_NAMES)  # what model.preset may name
 
 
 def test_bias_puts_gpt2_s_biases_on_every_linear_starting_at_zero():
@@ -46,7 +46,7 @@ def test_bias_puts_gpt2_s_biases_on_every_linear_starting_at_zero():
     fewer), and both initialisations (the constructor's and init_module's, module by module on the meta
     device) start them at zero, where torch's Linear draws them at random."""
     with torch.device("meta"):
-        gpt2 = GPT(GPTShape.of(ModelConfig(preset="gpt2", bias=True), vocab_size=50257, seq_len=1024))
+        gpt2 = GPT(ModelShape.of(ModelConfig(preset="gpt2", bias=True), vocab_size=50257, seq_len=1024))
     assert sum(p.numel() for p in gpt2.parameters()) == 124_439_808  # transformers' GPT2LMHeadModel
     model = build_model(ModelConfig(preset="nano", bias=True), vocab_size=20, seq_len=8)
     biases = {name: p for name, p in model.named_parameters() if name.endswith("bias") and "norm" not in name}
@@ -58,10 +58,10 @@ def test_bias_puts_gpt2_s_biases_on_every_linear_starting_at_zero():
 
 
 def test_explicit_sizes_override_the_preset_and_are_checked():
-    shape = GPTShape.of(ModelConfig(preset="micro", n_layer=3), vocab_size=10, seq_len=8)
+    shape = ModelShape.of(ModelConfig(preset="micro", n_layer=3), vocab_size=10, seq_len=8)
     assert (shape.n_layer, shape.n_head, shape.d_model) == (3, 4, 128)
     with pytest.raises(ConfigError, match="model.d_model=100 is not divisible by model.n_head=3"):
-        GPTShape.of(ModelConfig(d_model=100, n_head=3), vocab_size=10, seq_len=8)
+        ModelShape.of(ModelConfig(d_model=100, n_head=3), vocab_size=10, seq_len=8)
 
 
 def test_loss_refuses_targets_that_would_broadcast():

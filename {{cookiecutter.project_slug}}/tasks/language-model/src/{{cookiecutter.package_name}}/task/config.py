@@ -49,29 +49,73 @@ class DataConfig(DataBase):
 
 @dataclass
 class ModelConfig(ModelBase):
+    arch: str | None = None
+    """The family: llama (RMSNorm, rotary positions, SwiGLU, grouped-query attention: Llama, Qwen2, Mistral,
+    SmolLM2) or gpt2 (learned positions, LayerNorm, GELU). null: the preset's, gpt2 for the size presets."""
     preset: str = "micro"
-    """A named size (model.PRESETS): nano, micro, mini (CPU sizes), small, gpt2 (GPT-2 small: 124M with
-    GPT-2's vocabulary)."""
+    """A named shape (model.PRESETS). Sizes for either family: nano, micro, mini (CPU sizes), small. Published
+    models: gpt2 (GPT-2 small), smollm2-135m, smollm2-360m, qwen2.5-0.5b, llama3.2-1b (their vocabulary is
+    the tokenizer's)."""
     n_layer: int | None = None
     """Transformer blocks (null: the preset's)."""
     n_head: int | None = None
-    """Attention heads per block (null: the preset's); must divide model.d_model."""
+    """Attention (query) heads per block (null: the preset's)."""
     d_model: int | None = None
-    """Width of the residual stream (null: the preset's)."""
+    """Width of the residual stream, Hugging Face's hidden_size (null: the preset's)."""
+    n_kv_head: int | None = None
+    """llama: key/value heads, Hugging Face's num_key_value_heads (grouped-query attention: 1 to model.n_head,
+    dividing it; null: the preset's, model.n_head without one)."""
+    head_dim: int | None = None
+    """llama: width of one head (null: model.d_model / model.n_head)."""
+    intermediate_size: int | None = None
+    """llama: width of the SwiGLU MLP (null: the preset's, or 8/3 x model.d_model rounded up to 32)."""
+    rope_theta: float | None = None
+    """llama: base period of the rotary embeddings (null: the preset's, 10000 without one)."""
+    rope_scaling: str | None = None
+    """llama: llama3 (Llama 3.1's frequency scaling, by the four keys below) or null (none)."""
+    rope_factor: float | None = None
+    """llama3 scaling: how much longer the long wavelengths get (null: the preset's, 8)."""
+    rope_low_freq_factor: float | None = None
+    """llama3 scaling: wavelengths above original context / this are divided by rope_factor (null: 1)."""
+    rope_high_freq_factor: float | None = None
+    """llama3 scaling: wavelengths below original context / this are kept (null: 4)."""
+    rope_original_context: int | None = None
+    """llama3 scaling: the context the model was first trained at, original_max_position_embeddings (null: 8192)."""
+    norm_eps: float | None = None
+    """llama: RMSNorm's epsilon, rms_norm_eps (null: the preset's, 1e-5)."""
+    tie_embeddings: bool | None = None
+    """The output layer is the token embedding (null: the preset's, true); false gives llama its own lm_head.
+    gpt2 is always tied."""
     dropout: float = 0.0
     """Dropout on attention weights and residual branches (0 for pretraining-size data)."""
-    bias: bool = False
-    """Biases in the Linear layers, as GPT-2 has them (model.init_from turns them on); off for new models,
-    as in nanoGPT's default (fewer parameters, no loss in quality)."""
+    bias: bool | None = None
+    """gpt2: biases in every Linear layer, as GPT-2 has them; llama: in the q, k and v projections, as Qwen2
+    has them (null: the preset's, false; model.init_from sets it from the folder)."""
     n_positions: int | None = None
-    """Rows of the position table: the longest input the model takes (null: data.seq_len; model.init_from
+    """The longest input the model takes; gpt2: rows of its position table (null: data.seq_len; model.init_from
     sets it from the folder's config.json, and data.seq_len may then be shorter)."""
     init_from: str | None = None
-    """A local Hugging Face GPT-2 folder (config.json and model.safetensors or pytorch_model.bin) to start
-    from: its shape sets model.n_layer, n_head, d_model, n_positions and bias=true, and training begins
-    from its weights (fine-tuning). The data must use its tokenizer (prepare --tokenizer FOLDER/tokenizer.json)."""
+    """A local Hugging Face folder to start from (config.json, and model.safetensors, sharded
+    model-0000N-of-0000M.safetensors with their index, or pytorch_model.bin): GPT-2, Llama, Qwen2 or Mistral.
+    Its shape sets the model keys and training begins from its weights (fine-tuning). The data must use its
+    tokenizer (prepare --tokenizer FOLDER/tokenizer.json)."""
 
 
+ARCHS = ("llama", "gpt2")
+PRESET_NAMES = ("nano", "micro", "mini", "small", "gpt2", "smollm2-135m", "smollm2-360m", "qwen2.5-0.5b", "llama3.2-1b")
+# Keys only the llama family reads.
+LLAMA_KEYS = (
+    "n_kv_head",
+    "head_dim",
+    "intermediate_size",
+    "rope_theta",
+    "rope_scaling",
+    "rope_factor",
+    "rope_low_freq_factor",
+    "rope_high_freq_factor",
+    "rope_original_context",
+    "norm_eps",
+)
 MAX_VOCAB_SYNTHETIC = 62  # letters and digits: each symbol prints as one character
 
 
@@ -87,9 +131,24 @@ def validate(cfg: Config) -> None:
         )
     if not 0.0 <= model.dropout < 1.0:
         raise ConfigError(f"model.dropout={model.dropout} must be at least 0 and below 1")
-    for key in ("n_layer", "n_head", "d_model"):
+    for key in ("n_layer", "n_head", "d_model", "n_kv_head", "head_dim", "intermediate_size", "rope_original_context"):
         if getattr(model, key) is not None and getattr(model, key) < 1:
             raise ConfigError(f"model.{key}={getattr(model, key)} must be at least 1, or null for the preset's")
+    for key in ("rope_theta", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "norm_eps"):
+        if getattr(model, key) is not None and not 0 < getattr(model, key) < float("inf"):
+            raise ConfigError(f"model.{key}={getattr(model, key)} must be a positive number, or null")
+    if model.arch not in (None, *ARCHS):
+        raise ConfigError(f"model.arch={model.arch!r} is not allowed; choose one of {', '.join(ARCHS)} (or null)")
+    if model.rope_scaling not in (None, "llama3"):
+        raise ConfigError(f"model.rope_scaling={model.rope_scaling!r} is not allowed; choose llama3 or null")
+    from .model import ModelShape, arch_of  # the shape's own checks (sizes that do not fit together)
+
+    if arch_of(model) == "gpt2":
+        given = [key for key in LLAMA_KEYS if getattr(model, key) is not None]
+        if given:
+            raise ConfigError(f"model.{given[0]} is a key of model.arch=llama; this model is gpt2")
+    ModelShape.of(model, vocab_size=1, seq_len=data.seq_len)
+    model.arch = arch_of(model)  # stored resolved: the run's config names its family
     if data.name == "synthetic":
         if not 2 <= data.vocab_size <= MAX_VOCAB_SYNTHETIC:
             raise ConfigError(f"data.vocab_size={data.vocab_size} must be between 2 and {MAX_VOCAB_SYNTHETIC}")
@@ -109,15 +168,15 @@ def take_shape_from_folder(model: ModelConfig) -> None:
     from .hf import read_config
 
     shape = read_config(model.init_from)
-    for key in ("n_layer", "n_head", "d_model", "n_positions"):
+    for key, value in shape.items():
+        if key == "vocab_size":
+            continue
         given = getattr(model, key)
-        if given is not None and given != shape[key]:
+        if given is not None and given != value:
             raise ConfigError(
-                f"model.{key}={given}, but model.init_from={model.init_from!r} has {shape[key]}; "
-                f"leave model.{key} unset"
+                f"model.{key}={given}, but model.init_from={model.init_from!r} has {value}; leave model.{key} unset"
             )
-        setattr(model, key, shape[key])
-    model.bias = True
+        setattr(model, key, value)
 
 
 SPEC = TaskSpec(
@@ -126,7 +185,7 @@ SPEC = TaskSpec(
     metrics={"val/loss": "min", "val/ppl": "min", "val/bpb": "min"},
     monitor="val/loss",
     validate=validate,
-    choices={"data.name": ("synthetic", "text"), "model.preset": ("nano", "micro", "mini", "small", "gpt2")},
+    choices={"data.name": ("synthetic", "text"), "model.preset": PRESET_NAMES},
     at_least_one=("data.seq_len", "data.order", "data.train_tokens", "data.val_tokens"),
     # A run is measured in optimizer steps, with validations between them, rather than in epochs
     # of a fixed data set.
@@ -138,7 +197,17 @@ SPEC = TaskSpec(
     # model and the data it was trained on. Nothing that names a place (data.root) comes from a
     # file that may have been written elsewhere.
     from_checkpoint={
-        "model": ("preset", "n_layer", "n_head", "d_model", "bias", "n_positions"),
+        "model": (
+            "arch",
+            "preset",
+            "n_layer",
+            "n_head",
+            "d_model",
+            "bias",
+            "n_positions",
+            "tie_embeddings",
+            *LLAMA_KEYS,
+        ),
         "data": (
             "name",
             "seq_len",
@@ -155,6 +224,8 @@ SPEC = TaskSpec(
     # the weights, the stored model keys their shape; with the folder gone, a run resumes from its
     # config.yaml: --config RUN/config.yaml model.init_from=null).
     resume_may_change=("data.root", "model.init_from"),
+    # Checkpoints from before model.arch were all of GPT-2's family.
+    stored_defaults={"model.arch": "gpt2"},
     memory_hint="a smaller data.seq_len or model.preset",
     plot_panel=("bits per byte", (("val/bpb", "val bits/byte"),)),
 )

@@ -7,7 +7,8 @@ The model is rebuilt from the checkpoint as for evaluate (restore.py): the check
 model's and the data's shape only. The tokenizer is the one the run saved in its directory
 (tokenizer/); no prepared data is needed. (A run trained before runs kept their tokenizer reads it
 from data.root, the directory prepare wrote: pass data.root=DIR when it is not ./data.) Sampling: --temperature 0 is
-greedy; --top-k K keeps the K likeliest tokens (0: all); --seed makes a sample repeatable. Prints
+greedy; --top-k K keeps the K likeliest tokens (0: all); --seed makes a sample repeatable; --no-cache
+recomputes the whole window for every token (the same tokens, slower: for comparison). Prints
 the prompt followed by the generated text. Errors are one `error: ...` line: exit 2 for bad input.
 """
 
@@ -23,6 +24,7 @@ from torch.nn import functional as F
 from ..engine import PACKAGE, cli
 from ..engine.ckpt.restore import beside, load_model_weights, restore_trained
 from ..engine.errors import ConfigError
+from .blocks import KVCache
 from .task import Task
 
 
@@ -35,23 +37,46 @@ def sample(
     temperature: float = 1.0,
     top_k: int = 0,
     generator: torch.Generator | None = None,
+    cache: bool = True,
 ) -> list[int]:
-    """Extend prompt by max_new_tokens ids, one forward pass per token over the last seq_len ids."""
+    """Extend prompt by max_new_tokens ids, each predicted from the last seq_len ids.
+
+    With cache (the default) the prompt runs once and each new token once, the keys and values of
+    the earlier ones kept (blocks.KVCache); without, every step runs the whole window again. Both
+    give the same tokens. Once the sequence is longer than seq_len, each step runs the last seq_len
+    ids afresh, as the model was trained (positions from 0), so the cache serves the first seq_len."""
     model.eval()
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
-    for _ in range(max_new_tokens):
-        logits = model(ids[:, -seq_len:])[:, -1, :].float()
-        if temperature == 0:
-            next_id = logits.argmax(dim=-1, keepdim=True)
-        else:
-            logits = logits / temperature
-            if top_k:
-                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            next_id = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+    kv = _new_cache(model, seq_len, ids) if cache else None
+    logits = model(ids[:, -seq_len:], kv)[:, -1, :].float()
+    for step in range(max_new_tokens):
+        next_id = _pick(logits, temperature, top_k, generator)
         ids = torch.cat([ids, next_id], dim=1)
+        if step == max_new_tokens - 1:
+            break
+        if kv is not None and ids.shape[1] <= seq_len:
+            logits = model(next_id, kv)[:, -1, :].float()
+        else:
+            logits = model(ids[:, -seq_len:])[:, -1, :].float()
     return ids[0, len(prompt) :].tolist()
+
+
+def _new_cache(model: nn.Module, seq_len: int, ids: torch.Tensor) -> KVCache:
+    shape = model.shape
+    like = next(model.parameters())
+    return KVCache(shape.n_layer, ids.shape[0], shape.n_kv_head, shape.head_dim, seq_len, like.detach())
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator | None) -> torch.Tensor:
+    """The next id: the likeliest (temperature 0), or drawn from the top_k likeliest (0: all)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -61,6 +86,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-cache", action="store_true")
     options, rest = parser.parse_known_args(argv)
     if options.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens={options.max_new_tokens} must be at least 1")
@@ -90,7 +116,16 @@ def generate(argv: list[str]) -> tuple[str, str]:
                 torch.randint(task.data.vocab_size, (1,), generator=torch.Generator().manual_seed(options.seed))
             )
         prompt = [start]
-    new = sample(model, prompt, options.max_new_tokens, cfg.data.seq_len, options.temperature, options.top_k, generator)
+    new = sample(
+        model,
+        prompt,
+        options.max_new_tokens,
+        cfg.data.seq_len,
+        options.temperature,
+        options.top_k,
+        generator,
+        cache=not options.no_cache,
+    )
     return options.prompt, tokenizer.decode(new)
 
 

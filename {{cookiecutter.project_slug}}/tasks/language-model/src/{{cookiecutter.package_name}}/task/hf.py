@@ -50,6 +50,8 @@ def read_config(folder: str | Path) -> dict:
             raise ConfigError(f"{where}: {key}={config.get(key)!r} in config.json; this GPT has {wanted}")
     try:
         return {
+            "arch": "gpt2",
+            "bias": True,
             "n_layer": int(config["n_layer"]),
             "n_head": int(config["n_head"]),
             "d_model": int(config["n_embd"]),

@@ -1,14 +1,15 @@
-"""The model: a decoder-only transformer (GPT-2's shape) written out, and its named sizes.
+"""The model: a decoder-only transformer of one of two families, and its named sizes.
 
-GPT-2's architecture (model.bias adds its Linear biases, hf.py reads and writes its weights):
-pre-norm blocks in an nn.ModuleList (FSDP shards each block: distributed.shard_model), causal
-scaled_dot_product_attention (flash or memory-efficient kernels on GPU), learned positions, and
-the output layer tied to the token embedding. Parallelism is applied in distributed.py, never here.
+- `llama` (llama.py): RMSNorm, rotary positions, a SwiGLU MLP, grouped-query attention, in Hugging
+  Face's layout (Llama, Qwen2, Mistral folders load and export by renaming).
+- `gpt2` (gpt2.py): GPT-2's learned positions, LayerNorm, GELU MLP and full multi-head attention.
+
+Both are pre-norm blocks in an nn.ModuleList (FSDP shards each block) over causal SDPA, with the
+pieces they share in blocks.py. ModelShape is the one description both are built from.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -16,135 +17,142 @@ from torch import nn
 from torch.nn import functional as F
 
 from ..engine.errors import ConfigError
+from .blocks import init_module
 from .config import ModelConfig
+from .gpt2 import GPT
+from .llama import Llama
 
-# Named sizes: parameters without the embeddings are about 12 x n_layer x d_model**2.
+ARCHS = ("llama", "gpt2")
+DEFAULT_ARCH = "gpt2"  # for a new model of a size preset
+
+# Named sizes. Size presets (no "arch") fit either family; llama reads their n_kv_head, and sizes
+# its SwiGLU MLP by swiglu_width (about 8/3 x d_model in 3 matrices: as many parameters as GPT-2's
+# 4 x d_model in 2). Model presets are published shapes, vocabulary aside (it is the tokenizer's:
+# prepare with the model's tokenizer.json); their parameter counts are with their own vocabulary.
 PRESETS = {
-    "nano": {"n_layer": 2, "n_head": 2, "d_model": 64},  # 0.1M: tests
-    "micro": {"n_layer": 4, "n_head": 4, "d_model": 128},  # 0.8M
-    "mini": {"n_layer": 6, "n_head": 6, "d_model": 192},  # 2.7M: the CPU demo
-    "small": {"n_layer": 8, "n_head": 8, "d_model": 512},  # 25M
-    "gpt2": {"n_layer": 12, "n_head": 12, "d_model": 768},  # 85M; 124M with GPT-2's 50257-token vocabulary
+    "nano": {"n_layer": 2, "n_head": 2, "d_model": 64, "n_kv_head": 1},  # 0.1M: tests
+    "micro": {"n_layer": 4, "n_head": 4, "d_model": 128, "n_kv_head": 2},  # 0.8M
+    "mini": {"n_layer": 6, "n_head": 6, "d_model": 192, "n_kv_head": 3},  # 2.7M: the CPU demo
+    "small": {"n_layer": 8, "n_head": 8, "d_model": 512, "n_kv_head": 4},  # 25M
+    "gpt2": {"arch": "gpt2", "n_layer": 12, "n_head": 12, "d_model": 768},  # 124M (50,257 tokens)
+    "smollm2-135m": {  # 134,515,008 (49,152 tokens)
+        "arch": "llama", "n_layer": 30, "n_head": 9, "d_model": 576, "n_kv_head": 3, "intermediate_size": 1536,
+        "rope_theta": 100_000.0,
+    },
+    "smollm2-360m": {  # 361,821,120 (49,152 tokens)
+        "arch": "llama", "n_layer": 32, "n_head": 15, "d_model": 960, "n_kv_head": 5, "intermediate_size": 2560,
+        "rope_theta": 100_000.0,
+    },
+    "qwen2.5-0.5b": {  # 494,032,768 (151,936 tokens)
+        "arch": "llama", "n_layer": 24, "n_head": 14, "d_model": 896, "n_kv_head": 2, "intermediate_size": 4864,
+        "rope_theta": 1_000_000.0, "bias": True, "norm_eps": 1e-6,
+    },
+    "llama3.2-1b": {  # 1,235,814,400 (128,256 tokens)
+        "arch": "llama", "n_layer": 16, "n_head": 32, "d_model": 2048, "n_kv_head": 8, "intermediate_size": 8192,
+        "rope_theta": 500_000.0, "rope_scaling": "llama3", "rope_factor": 32.0,
+    },
+}  # fmt: skip
+# What a key is when neither the configuration nor the preset sets it.
+FAMILY_DEFAULTS = {
+    "gpt2": {"bias": False, "tie_embeddings": True},
+    "llama": {
+        "bias": False,
+        "tie_embeddings": True,
+        "n_kv_head": 0,  # n_head
+        "head_dim": 0,  # d_model / n_head
+        "intermediate_size": 0,  # swiglu_width(d_model)
+        "rope_theta": 10_000.0,
+        "rope_scaling": None,
+        "rope_factor": 8.0,  # Llama 3.1's
+        "rope_low_freq_factor": 1.0,
+        "rope_high_freq_factor": 4.0,
+        "rope_original_context": 8192,
+        "norm_eps": 1e-5,
+    },
 }
+SHARED_KEYS = ("n_layer", "n_head", "d_model")
+LLAMA_ONLY = tuple(key for key in FAMILY_DEFAULTS["llama"] if key not in FAMILY_DEFAULTS["gpt2"])
+ROPE_SCALING = ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_context")
+
+
+def swiglu_width(d_model: int) -> int:
+    """8/3 x d_model rounded up to a multiple of 32 (Llama's rule, with a smaller multiple)."""
+    return -(-8 * d_model // 96) * 32
+
+
+def arch_of(cfg: ModelConfig) -> str:
+    """model.arch, or the preset's family, or the default for a new model."""
+    return cfg.arch or PRESETS[cfg.preset].get("arch", DEFAULT_ARCH)
 
 
 @dataclass
-class GPTShape:
+class ModelShape:
+    """Everything that decides the model's tensors and its arithmetic."""
+
+    arch: str
     vocab_size: int
     seq_len: int
     n_layer: int
     n_head: int
     d_model: int
     dropout: float = 0.0
-    bias: bool = False  # Linear biases, as GPT-2 has them
-    positions: int = 0  # rows of the position table: the longest input (0: seq_len)
+    bias: bool = False  # gpt2: every Linear's bias; llama: q/k/v's (Qwen2)
+    positions: int = 0  # the longest input; gpt2: rows of the position table (0: seq_len)
+    tie_embeddings: bool = True
+    n_kv_head: int = 0  # llama from here: key/value heads (0: n_head)
+    head_dim: int = 0  # width of a head (0: d_model / n_head)
+    intermediate_size: int = 0  # the SwiGLU MLP's width (0: swiglu_width(d_model))
+    rope_theta: float = 10_000.0
+    rope_scaling: tuple = ()  # llama3: (factor, low_freq_factor, high_freq_factor, original context)
+    norm_eps: float = 1e-5
 
     def __post_init__(self):
         self.positions = self.positions or self.seq_len
+        self.n_kv_head = self.n_kv_head or self.n_head
+        self.head_dim = self.head_dim or self.d_model // self.n_head
+        self.intermediate_size = self.intermediate_size or swiglu_width(self.d_model)
 
     @classmethod
-    def of(cls, cfg: ModelConfig, vocab_size: int, seq_len: int) -> GPTShape:
-        """The preset, with any of model.n_layer, n_head, d_model set explicitly winning (model.init_from
-        sets them all, config.validate)."""
-        sizes = {key: getattr(cfg, key) or value for key, value in PRESETS[cfg.preset].items()}
-        if sizes["d_model"] % sizes["n_head"]:
-            raise ConfigError(f"model.d_model={sizes['d_model']} is not divisible by model.n_head={sizes['n_head']}")
-        return cls(vocab_size, seq_len, dropout=cfg.dropout, bias=cfg.bias, positions=cfg.n_positions or 0, **sizes)
+    def of(cls, cfg: ModelConfig, vocab_size: int, seq_len: int) -> ModelShape:
+        """Each key from the configuration when set, else the preset's, else the family's
+        (model.init_from sets them all from the folder's config.json)."""
+        arch = arch_of(cfg)
+        known = {**FAMILY_DEFAULTS[arch], **PRESETS[cfg.preset]}
+        keys = (*SHARED_KEYS, *FAMILY_DEFAULTS[arch])
+        value = {key: getattr(cfg, key) if getattr(cfg, key) is not None else known[key] for key in keys}
+        scaling = value.pop("rope_scaling", None)
+        scaling_values = tuple(value.pop(key, None) for key in ROPE_SCALING)
+        if scaling == "llama3":
+            value["rope_scaling"] = scaling_values
+        shape = cls(arch, vocab_size, seq_len, dropout=cfg.dropout, positions=cfg.n_positions or 0, **value)
+        shape.check()
+        return shape
+
+    def check(self) -> None:
+        """Sizes that do not fit together, named by their keys."""
+        if self.arch == "gpt2" and self.d_model % self.n_head:
+            raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}")
+        if self.arch == "gpt2" and not self.tie_embeddings:
+            raise ConfigError("model.tie_embeddings=false: GPT-2's output layer is its token embedding")
+        if self.arch == "llama":
+            if self.n_head % self.n_kv_head:
+                raise ConfigError(f"model.n_kv_head={self.n_kv_head} does not divide model.n_head={self.n_head}")
+            if self.head_dim % 2:
+                raise ConfigError(f"model.head_dim={self.head_dim} must be even (rotary embeddings turn pairs)")
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, shape: GPTShape):
-        super().__init__()
-        self.n_head, self.dropout = shape.n_head, shape.dropout
-        self.qkv = nn.Linear(shape.d_model, 3 * shape.d_model, bias=shape.bias)
-        self.proj = nn.Linear(shape.d_model, shape.d_model, bias=shape.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, time, width = x.shape
-        q, k, v = (
-            t.view(batch, time, self.n_head, width // self.n_head).transpose(1, 2)
-            for t in self.qkv(x).split(width, dim=2)
-        )
-        dropout = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(batch, time, width))
+def build_model(cfg: ModelConfig, vocab_size: int, seq_len: int) -> nn.Module:
+    return architecture(ModelShape.of(cfg, vocab_size, seq_len))
 
 
-class Block(nn.Module):
-    """x + attention(norm(x)), then x + mlp(norm(x))."""
-
-    def __init__(self, shape: GPTShape):
-        super().__init__()
-        self.norm1 = nn.LayerNorm(shape.d_model)
-        self.attn = CausalSelfAttention(shape)
-        self.norm2 = nn.LayerNorm(shape.d_model)
-        self.mlp = nn.Sequential(
-            nn.Linear(shape.d_model, 4 * shape.d_model, bias=shape.bias),
-            nn.GELU(approximate="tanh"),
-            nn.Linear(4 * shape.d_model, shape.d_model, bias=shape.bias),
-        )
-        self.drop = nn.Dropout(shape.dropout)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.norm1(x)))
-        return x + self.drop(self.mlp(self.norm2(x)))
+def architecture(shape: ModelShape) -> nn.Module:
+    """The module of shape.arch, initialised from the global generator."""
+    return Llama(shape) if shape.arch == "llama" else GPT(shape)
 
 
-# The modules GPT.init_module initialises: all that hold parameters.
-INIT_TYPES = (nn.Linear, nn.Embedding, nn.LayerNorm)
-
-
-class GPT(nn.Module):
-    """Token ids [batch, time] (time up to seq_len) -> logits [batch, time, vocab]."""
-
-    def __init__(self, shape: GPTShape):
-        super().__init__()
-        self.shape = shape
-        self.tok_emb = nn.Embedding(shape.vocab_size, shape.d_model)
-        self.pos_emb = nn.Embedding(shape.positions, shape.d_model)
-        self.drop = nn.Dropout(shape.dropout)
-        self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.n_layer))
-        self.norm = nn.LayerNorm(shape.d_model)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        """GPT-2's initialisation: N(0, 0.02), the projections into the residual stream scaled by
-        1/sqrt(2 x n_layer) so that its variance does not grow with depth; biases zero."""
-        for name, param in self.named_parameters():
-            if param.dim() < 2:
-                if name.endswith(".bias") and "norm" not in name:
-                    nn.init.zeros_(param)  # LayerNorm: ones and zeros, as constructed
-                continue
-            std = (
-                0.02 / math.sqrt(2 * self.shape.n_layer)
-                if name.endswith(("attn.proj.weight", "mlp.2.weight"))
-                else 0.02
-            )
-            nn.init.normal_(param, mean=0.0, std=std)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.drop(self.tok_emb(tokens) + self.pos_emb(positions))
-        for block in self.blocks:
-            x = block(x)
-        return F.linear(self.norm(x), self.tok_emb.weight)  # tied: one matrix embeds and predicts
-
-
-def init_module(name: str, module: nn.Module, generator: torch.Generator, n_layer: int) -> None:
-    """GPT.reset_parameters' rule for one module, drawn from generator (meta_init.py builds the
-    model on the meta device and initialises it module by module, sharded or whole)."""
-    if isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
-        return
-    std = 0.02 / math.sqrt(2 * n_layer) if name.endswith(("attn.proj", "mlp.2")) else 0.02
-    nn.init.normal_(module.weight, mean=0.0, std=std, generator=generator)
-    if getattr(module, "bias", None) is not None:
-        nn.init.zeros_(module.bias)
-
-
-def build_model(cfg: ModelConfig, vocab_size: int, seq_len: int) -> GPT:
-    return GPT(GPTShape.of(cfg, vocab_size, seq_len))
+# The modules init_module initialises: all that hold parameters.
+INIT_TYPES = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
+__all__ = ["GPT", "INIT_TYPES", "Llama", "ModelShape", "build_model", "init_module", "lm_loss"]
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

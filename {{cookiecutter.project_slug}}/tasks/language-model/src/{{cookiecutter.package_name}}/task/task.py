@@ -23,7 +23,7 @@ from ..engine.errors import ConfigError, DataError
 from ..engine.parallel import meta_init
 from . import hf
 from .data import DeviceWindows, TokenData, build_datasets
-from .model import GPT, INIT_TYPES, GPTShape, init_module, lm_loss
+from .model import INIT_TYPES, ModelShape, architecture, init_module, lm_loss
 from .tokenizer import FOLDER, describe, identity, read_identity, read_tokenizer, tokenizer_files
 from .validation import evaluate_model
 
@@ -87,10 +87,10 @@ class Task(seam.Task):
         run.seed, or from model.init_from's weights; shard(model) (FSDP) is applied on the meta
         device, before any weight exists (meta_init.py), so no process ever holds the whole model
         (with model.init_from, each process copies in its shards of the folder's tensors)."""
-        shape = GPTShape.of(self.cfg.model, self.data.vocab_size, self.cfg.data.seq_len)
+        shape = ModelShape.of(self.cfg.model, self.data.vocab_size, self.cfg.data.seq_len)
         weights = self._pretrained() if self.cfg.model.init_from else None  # read (and checked) first
         model, _ = meta_init.build(
-            lambda: GPT(shape),
+            lambda: architecture(shape),
             partial(init_module, n_layer=shape.n_layer),
             INIT_TYPES,
             device or torch.device("cpu"),

@@ -1,0 +1,187 @@
+"""The llama family against transformers' own Llama, Qwen2 and Mistral: the same logits from the
+same weights (renamed, never permuted), grouped-query attention, rotary scaling, published sizes,
+and generation with a key/value cache giving the tokens of generation without one."""
+
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import latest_checkpoint, list_checkpoints
+from {{ cookiecutter.package_name }}.engine.config import ConfigError, load_config
+from {{ cookiecutter.package_name }}.export import main as export_main
+from {{ cookiecutter.package_name }}.generate import main as generate_main
+from {{ cookiecutter.package_name }}.task.config import ModelConfig
+from {{ cookiecutter.package_name }}.task.generate import sample
+from {{ cookiecutter.package_name }}.task.model import PRESETS, ModelShape, architecture, build_model
+from {{ cookiecutter.package_name }}.train import main
+
+from conftest import TINY, in_full, torchrun
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 61
+SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96}
+# name: (transformers model_type, config.json keys); positions go beyond original contexts of 16.
+CASES = {
+    "llama-kv1": ("llama", {"num_key_value_heads": 1}),
+    "llama-kv2": ("llama", {"num_key_value_heads": 2}),
+    "llama-kv4-untied": ("llama", {"num_key_value_heads": 4, "tie_word_embeddings": False}),
+    "llama-theta500k": ("llama", {"num_key_value_heads": 2, "rope_theta": 500_000.0}),
+    "llama3-factor8": ("llama", {"num_key_value_heads": 2, "rope_scaling": ("llama3", 8.0)}),
+    "llama3-factor32": ("llama", {"num_key_value_heads": 2, "rope_scaling": ("llama3", 32.0)}),
+    "qwen2-tied": ("qwen2", {"num_key_value_heads": 2, "tie_word_embeddings": True}),
+    "mistral": ("mistral", {"num_key_value_heads": 2, "sliding_window": None}),
+}
+
+
+def _transformers_model(model_type: str, keys: dict):
+    keys = {**SMALL, "vocab_size": VOCAB, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, **keys}
+    theta = keys.pop("rope_theta", 10_000.0)
+    rope = {"rope_type": "default", "rope_theta": theta}
+    if "rope_scaling" in keys:
+        kind, factor = keys.pop("rope_scaling")
+        rope = {"rope_type": kind, "rope_theta": theta, "factor": factor, "low_freq_factor": 1.0}
+        rope |= {"high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    keys.setdefault("tie_word_embeddings", False)
+    config = transformers.AutoConfig.for_model(model_type, rope_parameters=rope, **keys)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    with torch.no_grad():  # random biases: zero-initialised ones would hide a bias left out
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_()
+    return model, config
+
+
+def _ours_for(config) -> ModelConfig:
+    rope = config.rope_parameters
+    scaled = rope.get("rope_type") == "llama3"
+    return ModelConfig(
+        arch="llama",
+        n_layer=config.num_hidden_layers,
+        n_head=config.num_attention_heads,
+        d_model=config.hidden_size,
+        n_kv_head=config.num_key_value_heads,
+        intermediate_size=config.intermediate_size,
+        rope_theta=rope["rope_theta"],
+        rope_scaling="llama3" if scaled else None,
+        rope_factor=rope.get("factor") if scaled else None,
+        rope_original_context=rope.get("original_max_position_embeddings") if scaled else None,
+        norm_eps=config.rms_norm_eps,
+        bias=config.model_type == "qwen2",
+        tie_embeddings=config.tie_word_embeddings,
+    )
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_logits_equal_transformers_from_the_same_weights(case):
+    """Element-wise equal logits (float32 defaults of assert_close) at 48 positions, past the
+    original context of the llama3 cases, with the state dict loaded by names alone."""
+    theirs, config = _transformers_model(*CASES[case])
+    ours = build_model(_ours_for(config), vocab_size=VOCAB, seq_len=48).eval()
+    state = {name.removeprefix("model."): tensor for name, tensor in theirs.state_dict().items()}
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    assert sorted(state) == sorted(ours.state_dict())
+    ours.load_state_dict(state)
+    tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours(tokens), theirs(tokens).logits)
+
+
+def test_published_presets_have_their_models_parameter_counts():
+    """Each model preset, built on the meta device with its vocabulary, has the parameters
+    transformers' own class of that shape has (SmolLM2-135M: 134,515,008)."""
+    vocabularies = {"smollm2-135m": 49152, "smollm2-360m": 49152, "qwen2.5-0.5b": 151936, "llama3.2-1b": 128256}
+    counts = {}
+    for preset, vocab in vocabularies.items():
+        with torch.device("meta"):
+            model = architecture(ModelShape.of(ModelConfig(preset=preset), vocab_size=vocab, seq_len=2048))
+        counts[preset] = sum(p.numel() for p in model.parameters())
+    assert counts["smollm2-135m"] == 134_515_008
+    assert counts["smollm2-360m"] == 361_821_120
+    assert counts["qwen2.5-0.5b"] == 494_032_768
+    assert counts["llama3.2-1b"] == 1_235_814_400
+
+
+def test_size_presets_give_llama_grouped_query_attention_and_as_many_parameters():
+    for preset in ("nano", "micro", "mini", "small"):
+        llama = ModelShape.of(ModelConfig(preset=preset, arch="llama"), vocab_size=257, seq_len=64)
+        assert llama.n_kv_head == PRESETS[preset]["n_kv_head"] < llama.n_head
+        with torch.device("meta"):
+            sizes = [
+                sum(p.numel() for p in build_model(ModelConfig(preset=preset, arch=arch), 257, 64).parameters())
+                for arch in ("llama", "gpt2")
+            ]
+        assert 0.85 < sizes[0] / sizes[1] < 1.05, (preset, sizes)  # gpt2 adds a position table and biases of norms
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_cached_generation_gives_the_tokens_of_uncached_generation(arch):
+    """Greedy generation with a key/value cache equals generation that reruns the window for each
+    token, past the end of the context (where both run the last seq_len tokens afresh)."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(preset="nano", arch=arch), vocab_size=VOCAB, seq_len=24).eval()
+    prompt = [3, 14, 15, 9, 2]
+    cached = sample(model, prompt, 40, seq_len=24, temperature=0)
+    uncached = sample(model, prompt, 40, seq_len=24, temperature=0, cache=False)
+    assert cached == uncached and len(cached) == 40
+    drawn = [sample(model, prompt, 20, 24, 1.0, 5, torch.Generator().manual_seed(7), cache=c) for c in (True, False)]
+    assert drawn[0] == drawn[1]
+
+
+def test_llama_keys_are_checked_and_refused_for_gpt2():
+    """Sizes that cannot fit, and llama's keys on a gpt2 model, are one-line configuration errors."""
+    refused = {
+        "model.arch=llama model.n_kv_head=3": "model.n_kv_head=3 does not divide model.n_head=4",
+        "model.arch=gpt2 model.n_kv_head=2": "model.n_kv_head is a key of model.arch=llama",
+        "model.preset=gpt2 model.rope_theta=1e6": "model.rope_theta is a key of model.arch=llama",
+        "model.arch=mamba": "model.arch='mamba' is not allowed",
+        "model.arch=llama model.rope_scaling=yarn": "model.rope_scaling='yarn' is not allowed",
+        "model.arch=gpt2 model.tie_embeddings=false": "GPT-2's output layer is its token embedding",
+    }
+    for overrides, says in refused.items():
+        with pytest.raises(ConfigError, match=says):
+            load_config([], overrides.split())
+    assert load_config([], ["model.preset=smollm2-135m"]).model.arch == "llama"
+
+
+def test_a_llama_run_resumes_exactly_exports_and_generates(tmp_path, capsys):
+    """A nano llama trains; a run stopped after step 2 resumes to the very weights of a run never
+    stopped; torch.export's program gives the model's logits; generate samples from it."""
+    settings = [*TINY, "model.arch=llama", "trainer.checkpoint_every=2", "trainer.keep_last=10"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    assert main([*settings, f"run.output_dir={straight}"]) == 0
+    assert main([*settings, f"run.output_dir={resumed}", "trainer.max_steps=2"]) == 0
+    assert len(list_checkpoints(resumed / "checkpoints")) == 1
+    assert main([*settings, f"run.output_dir={resumed}"]) == 0
+    final = [latest_checkpoint(run / "checkpoints")[1] for run in (straight, resumed)]
+    assert final[0]["progress"] == final[1]["progress"]
+    assert final[0]["model"].keys() == final[1]["model"].keys()
+    assert all(torch.equal(final[0]["model"][k], final[1]["model"][k]) for k in final[0]["model"])
+    assert "layers.0.self_attn.k_proj.weight" in final[0]["model"]
+
+    assert export_main([f"run.output_dir={straight}"]) == 0
+    model = build_model(ModelConfig(preset="nano", arch="llama"), vocab_size=32, seq_len=16).eval()
+    model.load_state_dict(final[0]["model"])
+    program = torch.export.load(straight / "export" / "model.pt2").module()
+    tokens = torch.randint(0, 32, (3, 7))
+    torch.testing.assert_close(program(tokens), model(tokens))
+    capsys.readouterr()
+    assert generate_main([f"run.output_dir={straight}", "--prompt", "abc", "--max-new-tokens", "20"]) == 0
+    assert len(capsys.readouterr().out.strip()) == 23
+
+
+RUNS = ("one", "other", "two")
+
+
+@pytest.mark.slow
+def test_fsdp_on_two_processes_trains_a_llama_like_one_process(tmp_path):
+    """FSDP2 shards each decoder layer of a llama over 2 gloo processes (batch 4 each) and trains
+    like 1 process with batch 8: float rounding only, 20x closer than other batches."""
+    settings = [*TINY, "model.arch=llama", "trainer.max_steps=4"]
+    for name, batch in (("one", 8), ("other", 4)):
+        assert main([*settings, f"data.batch_size={batch}", f"run.output_dir={tmp_path / name}"]) == 0
+    torchrun(2, [*settings, "data.batch_size=4", "distributed.strategy=fsdp", f"run.output_dir={tmp_path / 'two'}"])
+    one, other, two = (in_full(latest_checkpoint(tmp_path / run / "checkpoints")[1])["model"] for run in RUNS)
+    gap = lambda a, b: sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a).sqrt().item()  # noqa: E731
+    assert gap(one, two) < gap(one, other) / 20
