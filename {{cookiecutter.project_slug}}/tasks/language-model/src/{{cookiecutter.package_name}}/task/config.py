@@ -95,10 +95,9 @@ class ModelConfig(ModelBase):
     """The longest input the model takes; gpt2: rows of its position table (null: data.seq_len; model.init_from
     sets it from the folder's config.json, and data.seq_len may then be shorter)."""
     init_from: str | None = None
-    """A local Hugging Face folder to start from (config.json, and model.safetensors, sharded
-    model-0000N-of-0000M.safetensors with their index, or pytorch_model.bin): GPT-2, Llama, Qwen2 or Mistral.
-    Its shape sets the model keys and training begins from its weights (fine-tuning). The data must use its
-    tokenizer (prepare --tokenizer FOLDER/tokenizer.json)."""
+    """A local Hugging Face GPT-2 folder (config.json and model.safetensors or pytorch_model.bin) to start
+    from: its shape sets the model keys (model.arch=gpt2, bias=true) and training begins from its weights
+    (fine-tuning). The data must use its tokenizer (prepare --tokenizer FOLDER/tokenizer.json)."""
 
 
 ARCHS = ("llama", "gpt2")
