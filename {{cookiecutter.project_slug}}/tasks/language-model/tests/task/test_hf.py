@@ -93,6 +93,7 @@ def test_export_hf_loads_back_into_transformers(tmp_path):
         assert config["model_type"] == "gpt2" and config["n_positions"] == (64 if name == "finetuned" else 16)
 
 
+@pytest.mark.slow  # the fast tier holds its 90 s (make test-all runs it)
 def test_export_hf_carries_a_tokenizer_json(tmp_path):
     """A run prepared with a tokenizer.json exports it beside the weights: AutoTokenizer loads it and
     encodes as the run's tokenizer does."""
@@ -121,6 +122,7 @@ def test_export_hf_carries_a_tokenizer_json(tmp_path):
     assert loaded.eos_token == "<|endoftext|>"
 
 
+@pytest.mark.slow  # the fast tier holds its 90 s (make test-all runs it)
 def test_bad_folders_and_formats_are_one_line_errors(tmp_path, capsys, monkeypatch):
     """A folder without config.json, a GPT-2 this GPT cannot be (another LayerNorm epsilon), one of another
     vocabulary than the data's, one too short for data.seq_len, one whose weights are missing or garbled,

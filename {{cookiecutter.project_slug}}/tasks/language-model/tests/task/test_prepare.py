@@ -141,6 +141,7 @@ def write_formats(folder, documents: list[str]) -> dict[str, list]:
     }
 
 
+@pytest.mark.slow  # the fast tier holds its 90 s (make test-all runs it)
 def test_jsonl_parquet_and_datasets_give_the_tokens_of_the_same_text(tmp_path):
     """Each format of the same documents (training ones, and validation ones named by --val-files)
     writes the same token files as the documents given as text."""
@@ -173,6 +174,7 @@ def bpe_tokenizer(tmp_path) -> str:
     return str(path)
 
 
+@pytest.mark.slow  # the fast tier holds its 90 s (make test-all runs it)
 def test_workers_and_shards_write_the_same_bytes_and_train_the_same(tmp_path, monkeypatch):
     """With a BPE tokenizer.json, --workers 2 writes byte for byte what one process writes (here in
     jobs of ~2 kB, so the workers take turns; the bytes tokenizer always runs in one process),
@@ -313,6 +315,7 @@ def latest_checkpoint_vocab(run_dir) -> int:
     return latest_checkpoint(run_dir / "checkpoints")[1]["model"]["tok_emb.weight"].shape[0]
 
 
+@pytest.mark.slow  # the fast tier holds its 90 s (make test-all runs it)
 def test_bad_records_and_folders_are_one_line_errors(tmp_path, capsys):
     """A JSON line without the text field, a datasets folder of several splits, and one document (a JSON
     line, or a text file --doc-sep does not cut) with no tail split each exit 2 with one line that says
