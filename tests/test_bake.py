@@ -73,7 +73,7 @@ TASK_FILES = {
         "src/PKG/prepare.py",
         "src/PKG/generate.py",
         *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_prepare", "test_model")),
-        *(f"tests/task/{name}.py" for name in ("test_commands", "test_hf", "test_llama")),
+        *(f"tests/task/{name}.py" for name in ("test_commands", "test_hf", "test_llama", "hf_folders")),
         "tests/task/fixtures/flat_layout_step_3.checkpoint",  # the flat layout's, before task/
     },
 }

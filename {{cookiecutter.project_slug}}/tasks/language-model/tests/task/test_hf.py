@@ -1,7 +1,8 @@
 """Hugging Face GPT-2 in and out: model.init_from starts from a `transformers` GPT-2 folder (our
 logits equal its logits), `export --format hf` writes a folder `transformers` loads back (equal
-logits, and the tokenizer), a fine-tuning run from such a folder resumes bit-exactly, and two
-processes (FSDP, DDP) start from its weights. The GPT-2 models are small random ones made here, offline."""
+logits, and the tokenizer); a fine-tuning run from a GPT-2 or Llama folder resumes bit-exactly, and
+two processes (FSDP, DDP) start from its weights. The models are small random ones made here,
+offline (test_llama.py has the llama family's own folder tests)."""
 
 import json
 import sys
@@ -16,6 +17,8 @@ from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
 from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main as train_main
+
+from hf_folders import llama_folder
 
 transformers = pytest.importorskip("transformers")
 
@@ -143,7 +146,7 @@ def test_bad_folders_and_formats_are_one_line_errors(tmp_path, capsys, monkeypat
         ([f"model.init_from={tmp_path / 'wide'}"], "has a vocabulary of 50 tokens, the data's tokenizer 32"),
         ([f"model.init_from={tmp_path / 'wide'}", "model.n_layer=3"], "model.n_layer=3, but model.init_from"),
         ([f"model.init_from={tmp_path / 'wide'}", "data.seq_len=65"], "data.seq_len=65 is longer than model.n_pos"),
-        ([f"model.init_from={tmp_path / 'bare'}"], "no model.safetensors or pytorch_model.bin"),
+        ([f"model.init_from={tmp_path / 'bare'}"], "no weights (model.safetensors, model.safet"),
         ([f"model.init_from={tmp_path / 'garbled'}"], "model.safetensors: unreadable"),
     ]
     for number, (extra, message) in enumerate(cases):
@@ -161,14 +164,22 @@ def test_bad_folders_and_formats_are_one_line_errors(tmp_path, capsys, monkeypat
     assert len(err) == 1 and "needs the transformers package: pip install -e '.[hf]'" in err[0], err
 
 
+def a_folder(path, family: str):
+    """A random GPT-2, or Llama with grouped-query attention (2 key/value heads for 4 heads)."""
+    if family == "gpt2":
+        return gpt2_folder(path)
+    return llama_folder(path, "llama", {"num_key_value_heads": 2}, vocab_size=VOCAB)
+
+
 @pytest.mark.slow
-def test_a_fine_tuning_run_resumes_bit_exactly(tmp_path, final_weights):
-    """From a GPT-2 folder: 6 steps straight, and 6 steps stopped after the checkpoint of step 3 and
-    resumed by the same command with the folder moved (model.init_from may change on resume: the
-    checkpoint holds the weights): the same weights."""
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_fine_tuning_run_resumes_bit_exactly(tmp_path, final_weights, family):
+    """From a GPT-2 or Llama folder: 6 steps straight, and 6 steps stopped after the checkpoint of
+    step 3 and resumed by the same command with the folder moved (model.init_from may change on
+    resume: the checkpoint holds the weights): the same weights."""
     from conftest import killed_when
 
-    gpt2_folder(tmp_path / "gpt2")
+    a_folder(tmp_path / "gpt2", family)
     common = [*BASE, "trainer.max_steps=6", "trainer.checkpoint_every=3"]
     assert train_main([*common, f"model.init_from={tmp_path / 'gpt2'}", f"run.output_dir={tmp_path / 'straight'}"]) == 0
     first = [*common, f"model.init_from={tmp_path / 'gpt2'}", f"run.output_dir={tmp_path / 'resumed'}"]
@@ -182,13 +193,14 @@ def test_a_fine_tuning_run_resumes_bit_exactly(tmp_path, final_weights):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
-def test_two_processes_start_from_the_folder_s_weights(tmp_path, strategy):
-    """On 2 gloo processes, under FSDP (built on the meta device, each process copying in its shards)
-    and DDP, the first training loss is the one-process run's: both start from the folder's weights."""
+@pytest.mark.parametrize(("strategy", "family"), [("fsdp", "llama"), ("ddp", "gpt2")])
+def test_two_processes_start_from_the_folder_s_weights(tmp_path, strategy, family):
+    """On 2 gloo processes, under FSDP (built on the meta device, each process copying in its shards;
+    a Llama folder) and DDP (a GPT-2 folder), the first training loss is the one-process run's: both
+    start from the folder's weights."""
     from conftest import torchrun
 
-    gpt2_folder(tmp_path / "gpt2")
+    a_folder(tmp_path / "gpt2", family)
     common = [*BASE, f"model.init_from={tmp_path / 'gpt2'}", "trainer.max_steps=1", "data.batch_size=2"]
     assert train_main([*common, "data.batch_size=4", f"run.output_dir={tmp_path / 'one'}"]) == 0
     torchrun(2, [*common, f"distributed.strategy={strategy}", f"run.output_dir={tmp_path / strategy}"])

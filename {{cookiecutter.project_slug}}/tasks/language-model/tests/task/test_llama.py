@@ -2,24 +2,32 @@
 same weights (renamed, never permuted), grouped-query attention, rotary scaling, published sizes,
 and generation with a key/value cache giving the tokens of generation without one."""
 
+import json
+import shutil
+
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import latest_checkpoint, list_checkpoints
+from {{ cookiecutter.package_name }}.engine.ckpt.restore import load_model_weights
 from {{ cookiecutter.package_name }}.engine.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.generate import main as generate_main
+from {{ cookiecutter.package_name }}.prepare import main as prepare_main
+from {{ cookiecutter.package_name }}.task import hf
 from {{ cookiecutter.package_name }}.task.config import ModelConfig
 from {{ cookiecutter.package_name }}.task.generate import sample
 from {{ cookiecutter.package_name }}.task.model import PRESETS, ModelShape, architecture, build_model
+from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main
 
 from conftest import TINY, in_full, torchrun
+from hf_folders import bpe_tokenizer, llama_folder, transformers_model
 
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 61
-SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96}
 # name: (transformers model_type, config.json keys); positions go beyond original contexts of 16.
 CASES = {
     "llama-kv1": ("llama", {"num_key_value_heads": 1}),
@@ -31,25 +39,6 @@ CASES = {
     "qwen2-tied": ("qwen2", {"num_key_value_heads": 2, "tie_word_embeddings": True}),
     "mistral": ("mistral", {"num_key_value_heads": 2, "sliding_window": None}),
 }
-
-
-def _transformers_model(model_type: str, keys: dict):
-    keys = {**SMALL, "vocab_size": VOCAB, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, **keys}
-    theta = keys.pop("rope_theta", 10_000.0)
-    rope = {"rope_type": "default", "rope_theta": theta}
-    if "rope_scaling" in keys:
-        kind, factor = keys.pop("rope_scaling")
-        rope = {"rope_type": kind, "rope_theta": theta, "factor": factor, "low_freq_factor": 1.0}
-        rope |= {"high_freq_factor": 4.0, "original_max_position_embeddings": 16}
-    keys.setdefault("tie_word_embeddings", False)
-    config = transformers.AutoConfig.for_model(model_type, rope_parameters=rope, **keys)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
-    with torch.no_grad():  # random biases: zero-initialised ones would hide a bias left out
-        for name, param in model.named_parameters():
-            if name.endswith("bias"):
-                param.normal_()
-    return model, config
 
 
 def _ours_for(config) -> ModelConfig:
@@ -76,7 +65,7 @@ def _ours_for(config) -> ModelConfig:
 def test_logits_equal_transformers_from_the_same_weights(case):
     """Element-wise equal logits (float32 defaults of assert_close) at 48 positions, past the
     original context of the llama3 cases, with the state dict loaded by names alone."""
-    theirs, config = _transformers_model(*CASES[case])
+    theirs, config = transformers_model(*CASES[case], vocab_size=VOCAB)
     ours = build_model(_ours_for(config), vocab_size=VOCAB, seq_len=48).eval()
     state = {name.removeprefix("model."): tensor for name, tensor in theirs.state_dict().items()}
     if config.tie_word_embeddings:
@@ -185,3 +174,105 @@ def test_fsdp_on_two_processes_trains_a_llama_like_one_process(tmp_path):
     one, other, two = (in_full(latest_checkpoint(tmp_path / run / "checkpoints")[1])["model"] for run in RUNS)
     gap = lambda a, b: sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a).sqrt().item()  # noqa: E731
     assert gap(one, two) < gap(one, other) / 20
+
+
+# Hugging Face folders of the llama family. name: (model_type, config.json keys, embedding rows
+# beyond the tokenizer's, sharded weights, config.json in transformers 4's keys).
+FOLDERS = {
+    "llama-v4-llama3-untied": ("llama", {"num_key_value_heads": 2, "rope_scaling": ("llama3", 8.0)}, 0, False, True),
+    "qwen2-sharded-padded-tied": ("qwen2", {"num_key_value_heads": 2, "tie_word_embeddings": True}, 5, True, False),
+    "mistral-window": ("mistral", {"num_key_value_heads": 1, "sliding_window": 32}, 0, False, False),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", FOLDERS)
+def test_a_folder_gives_its_logits_exports_bit_for_bit_and_loads_back(tmp_path, capsys, case):
+    """model.init_from reads the folder (config.json of transformers 4 or 5, sharded safetensors, a
+    tied head not written, an embedding padded beyond the tokenizer, a sliding window capping the
+    context): our logits equal transformers'. Written out again (export's writer), its tensors are the
+    folder's bit for bit, under the same names. After training, `export --format hf` loads in
+    AutoModelForCausalLM as the right class with our logits, and AutoTokenizer loads the tokenizer with
+    its end token and chat template; generate samples only the tokenizer's ids, cached as uncached."""
+    model_type, keys, padding, shards, v4 = FOLDERS[case]
+    folder, data, corpus = tmp_path / "folder", tmp_path / "data", tmp_path / "corpus.txt"
+    tokenizer = bpe_tokenizer(folder, corpus)
+    vocab = tokenizer.get_vocab_size() + padding
+    theirs = llama_folder(folder, model_type, keys, vocab, shards=shards, v4=v4)
+    assert prepare_main(["--out", str(data), "--tokenizer", str(folder / "tokenizer.json"), str(corpus)]) == 0
+    settings = ["run.device=cpu", "tracker.name=none", "data.name=text", f"data.root={data}", "data.seq_len=16",
+                "data.batch_size=4", "trainer.val_every=null", "optim.warmup_steps=1",
+                f"model.init_from={folder}"]  # fmt: skip
+    task = Task(load_config([], settings), torch.device("cpu"))
+    task.datasets()
+    model = task.build_model().eval()
+    window = 32 if "sliding_window" in keys else 64
+    assert (task.cfg.model.arch, task.cfg.model.vocab_size, task.cfg.model.n_positions) == ("llama", vocab, window)
+    tokens = torch.randint(0, vocab - padding, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), theirs(tokens).logits)
+    hf.write_folder(model, tmp_path / "again", task.data.tokenizer, task.data.tokenizer.eot)
+    source, again = hf.read_state(folder), load_file(tmp_path / "again" / "model.safetensors")
+    assert source.keys() == again.keys() and ("lm_head.weight" in again) != theirs.config.tie_word_embeddings
+    assert all(torch.equal(source[name], again[name]) for name in source)
+
+    run = tmp_path / "run"
+    assert main([*settings, f"run.output_dir={run}", "trainer.max_steps=2"]) == 0
+    assert export_main([f"run.output_dir={run}", "--format", "hf"]) == 0
+    exported = transformers.AutoModelForCausalLM.from_pretrained(str(run / "export" / "hf")).eval()
+    assert type(exported).__name__ == ("Qwen2ForCausalLM" if model_type == "qwen2" else "LlamaForCausalLM")
+    path, state = latest_checkpoint(run / "checkpoints")
+    load_model_weights(model, state, path)
+    with torch.no_grad():
+        torch.testing.assert_close(exported(tokens).logits, model(tokens))
+    loaded = transformers.AutoTokenizer.from_pretrained(str(run / "export" / "hf"))
+    chat = [{"role": "user", "content": "the quick brown fox"}]
+    assert loaded.apply_chat_template(chat, tokenize=False) == "<|im_start|>user\nthe quick brown fox<|im_end|>\n"
+    assert loaded("line 7: the fox")["input_ids"] == tokenizer.encode("line 7: the fox").ids
+    assert loaded.eos_token == "<|endoftext|>"
+    capsys.readouterr()
+    outputs = []
+    for flags in ([], ["--no-cache"]):
+        assert generate_main([f"run.output_dir={run}", "--prompt", "line", "--temperature", "0", *flags]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and len(outputs[0]) > len("line")
+
+
+@pytest.mark.slow
+def test_folders_that_cannot_be_computed_are_one_line_errors(tmp_path, capsys):
+    """Another architecture, a setting the llama family does not compute (an activation, output
+    biases, a RoPE type, a partial rotary), a missing weight, a missing shard and data prepared with
+    another tokenizer than the folder's each exit 2 with one line naming what is wrong."""
+    llama_folder(tmp_path / "base", "llama", {"num_key_value_heads": 2}, vocab_size=32, shards=True)
+    config = json.loads((tmp_path / "base" / "config.json").read_text())
+    index = json.loads((tmp_path / "base" / "model.safetensors.index.json").read_text())
+    edits = {
+        "phi3": ({"model_type": "phi3"}, "model_type 'phi3' is not one this project computes"),
+        "gelu": ({"hidden_act": "gelu"}, "hidden_act='gelu' in config.json; this project's llama has 'silu'"),
+        "obias": ({"attention_bias": True}, "attention_bias=True in config.json"),
+        "yarn": ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}}, "rope type 'yarn'"),
+        "partial": ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5 in config.json"),
+    }
+    for name, (changes, _) in edits.items():
+        shutil.copytree(tmp_path / "base", tmp_path / name)
+        (tmp_path / name / "config.json").write_text(json.dumps({**config, **changes}))
+    shutil.copytree(tmp_path / "base", tmp_path / "noshard")
+    (tmp_path / "noshard" / sorted(set(index["weight_map"].values()))[-1]).unlink()
+    shutil.copytree(tmp_path / "base", tmp_path / "noweight")
+    one = next(name for name, file in index["weight_map"].items() if name.endswith("layers.1.mlp.down_proj.weight"))
+    shard = tmp_path / "noweight" / index["weight_map"][one]
+    save_file({k: v for k, v in load_file(shard).items() if k != one}, shard, metadata={"format": "pt"})
+    shutil.copytree(tmp_path / "base", tmp_path / "tokenized")
+    bpe_tokenizer(tmp_path / "tokenized", tmp_path / "corpus.txt")
+    cases = {name: says for name, (_, says) in edits.items()}
+    cases |= {
+        "noshard": "model.safetensors.index.json names model-",
+        "noweight": "its weights do not fit this model (missing ['layers.1.mlp.down_proj.weight']",
+        "tokenized": "comes with the tokenizer tokenizer.json",
+    }
+    capsys.readouterr()
+    for name, says in cases.items():
+        out = f"run.output_dir={tmp_path / f'run-{name}'}"
+        assert main([*TINY, "data.vocab_size=32", f"model.init_from={tmp_path / name}", out]) == 2, name
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], (name, err)

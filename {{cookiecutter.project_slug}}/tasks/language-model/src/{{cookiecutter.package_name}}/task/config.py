@@ -94,10 +94,15 @@ class ModelConfig(ModelBase):
     n_positions: int | None = None
     """The longest input the model takes; gpt2: rows of its position table (null: data.seq_len; model.init_from
     sets it from the folder's config.json, and data.seq_len may then be shorter)."""
+    vocab_size: int | None = None
+    """Rows of the token embedding (null: the tokenizer's vocabulary; model.init_from sets the folder's, which
+    may be larger: Qwen2.5 pads its embedding to a multiple of 128, and the padding rows are never sampled)."""
     init_from: str | None = None
-    """A local Hugging Face GPT-2 folder (config.json and model.safetensors or pytorch_model.bin) to start
-    from: its shape sets the model keys (model.arch=gpt2, bias=true) and training begins from its weights
-    (fine-tuning). The data must use its tokenizer (prepare --tokenizer FOLDER/tokenizer.json)."""
+    """A local Hugging Face folder to start from (fine-tuning): GPT-2, Llama, Qwen2 or Mistral (config.json and
+    model.safetensors, pytorch_model.bin or their shards with the index). Its shape sets the model keys
+    (model.arch among them) and training begins from its weights. The data must be prepared with its tokenizer
+    (prepare --tokenizer FOLDER/tokenizer.json), whose tokenizer_config.json and chat template travel with the
+    run."""
 
 
 ARCHS = ("llama", "gpt2")
@@ -130,7 +135,8 @@ def validate(cfg: Config) -> None:
         )
     if not 0.0 <= model.dropout < 1.0:
         raise ConfigError(f"model.dropout={model.dropout} must be at least 0 and below 1")
-    for key in ("n_layer", "n_head", "d_model", "n_kv_head", "head_dim", "intermediate_size", "rope_original_context"):
+    keys = ("n_layer", "n_head", "d_model", "n_kv_head", "head_dim", "intermediate_size", "rope_original_context")
+    for key in (*keys, "vocab_size"):
         if getattr(model, key) is not None and getattr(model, key) < 1:
             raise ConfigError(f"model.{key}={getattr(model, key)} must be at least 1, or null for the preset's")
     for key in ("rope_theta", "rope_factor", "rope_low_freq_factor", "rope_high_freq_factor", "norm_eps"):
@@ -168,8 +174,6 @@ def take_shape_from_folder(model: ModelConfig) -> None:
 
     shape = read_config(model.init_from)
     for key, value in shape.items():
-        if key == "vocab_size":
-            continue
         given = getattr(model, key)
         if given is not None and given != value:
             raise ConfigError(
@@ -205,6 +209,7 @@ SPEC = TaskSpec(
             "bias",
             "n_positions",
             "tie_embeddings",
+            "vocab_size",
             *LLAMA_KEYS,
         ),
         "data": (

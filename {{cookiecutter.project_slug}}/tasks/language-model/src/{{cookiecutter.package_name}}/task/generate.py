@@ -38,27 +38,29 @@ def sample(
     top_k: int = 0,
     generator: torch.Generator | None = None,
     cache: bool = True,
+    vocab: int | None = None,
 ) -> list[int]:
     """Extend prompt by max_new_tokens ids, each predicted from the last seq_len ids.
 
     With cache (the default) the prompt runs once and each new token once, the keys and values of
     the earlier ones kept (blocks.KVCache); without, every step runs the whole window again. Both
     give the same tokens. Once the sequence is longer than seq_len, each step runs the last seq_len
-    ids afresh, as the model was trained (positions from 0), so the cache serves the first seq_len."""
+    ids afresh, as the model was trained (positions from 0), so the cache serves the first seq_len.
+    vocab: the tokenizer's ids, below the embedding's padded rows (None: every row), the only ones picked."""
     model.eval()
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
     kv = _new_cache(model, seq_len, ids) if cache else None
-    logits = model(ids[:, -seq_len:], kv)[:, -1, :].float()
+    logits = model(ids[:, -seq_len:], kv)[:, -1, :vocab].float()
     for step in range(max_new_tokens):
         next_id = _pick(logits, temperature, top_k, generator)
         ids = torch.cat([ids, next_id], dim=1)
         if step == max_new_tokens - 1:
             break
         if kv is not None and ids.shape[1] <= seq_len:
-            logits = model(next_id, kv)[:, -1, :].float()
+            logits = model(next_id, kv)[:, -1, :vocab].float()
         else:
-            logits = model(ids[:, -seq_len:])[:, -1, :].float()
+            logits = model(ids[:, -seq_len:])[:, -1, :vocab].float()
     return ids[0, len(prompt) :].tolist()
 
 
@@ -125,6 +127,7 @@ def generate(argv: list[str]) -> tuple[str, str]:
         options.top_k,
         generator,
         cache=not options.no_cache,
+        vocab=task.data.vocab_size,
     )
     return options.prompt, tokenizer.decode(new)
 

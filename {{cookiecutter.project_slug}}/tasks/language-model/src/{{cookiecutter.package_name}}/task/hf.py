@@ -1,12 +1,23 @@
-"""Hugging Face GPT-2 in and out: a local `transformers` GPT-2 folder as the starting weights
+"""Hugging Face folders in and out: a local `transformers` model folder as the starting weights
 (model.init_from), and a trained model written as one (`export --format hf`).
 
-A GPT-2 folder holds config.json and model.safetensors (or pytorch_model.bin). Its transformer is
-this project's GPT with Linear biases (model.bias=true): the same pre-norm blocks, tanh GELU,
-LayerNorm eps 1e-5, learned positions and the head tied to the token embedding. GPT-2 stores its
-Linear layers as Conv1D, weight (in, out): they are transposed on the way in and out. Reading
-needs only torch and safetensors; writing uses `transformers` (the `hf` extra) for config.json and
-the tokenizer's files, so that what it writes is what the installed `transformers` reads.
+Two families load:
+- GPT-2 (model_type gpt2): this project's gpt2 with Linear biases (model.bias=true): the same
+  pre-norm blocks, tanh GELU, LayerNorm eps 1e-5, learned positions and the head tied to the token
+  embedding. GPT-2 stores its Linear layers as Conv1D, weight (in, out): they are transposed on the
+  way in and out.
+- Llama, Qwen2 and Mistral (model_type llama, qwen2, mistral): this project's llama, whose modules
+  carry their names: weights load by removing "model." (no permutation). config.json is read in
+  the keys of transformers 5 (rope_parameters) and of 4 (rope_theta, rope_scaling). What the llama
+  family cannot compute (another activation, MLP or output biases, a RoPE type other than default
+  and llama3, a partial rotary, ...) is refused, naming the key. A sliding window (Mistral's,
+  Qwen2's) caps the model's context (model.n_positions) at the window, where it changes nothing.
+  Export writes qwen2 for a model with q/k/v biases, llama otherwise.
+
+Weights are read from model.safetensors, pytorch_model.bin, or either one sharded with its index
+(model.safetensors.index.json). Reading needs only torch and safetensors; writing uses
+`transformers` (the `hf` extra) for config.json and the tokenizer's files, so that what it writes
+is what the installed `transformers` reads.
 """
 
 from __future__ import annotations
@@ -20,23 +31,38 @@ from torch import nn
 
 from ..engine.errors import ConfigError, DataError
 
-WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+WEIGHT_FILES += ("pytorch_model.bin.index.json",)
 ACTIVATIONS = ("gelu_new", "gelu_pytorch_tanh")  # GELU, tanh approximation: this GPT's
+LLAMA_TYPES = ("llama", "qwen2", "mistral")
 EXTRA = "pip install -e '.[hf]'"
 
 
+def _where(folder) -> str:
+    return f"model.init_from={str(folder)!r}"
+
+
 def read_config(folder: str | Path) -> dict:
-    """config.json of a GPT-2 folder, checked to be a model this GPT can be: its shape as
-    {n_layer, n_head, d_model, n_positions, vocab_size}."""
+    """config.json of a Hugging Face folder, checked to be a model this project can compute: its
+    shape in the model keys (arch, n_layer, n_head, d_model, n_positions, vocab_size, ...)."""
     path = Path(folder) / "config.json"
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
-        raise ConfigError(f"model.init_from={str(folder)!r}: cannot read config.json ({err})") from None
-    where = f"model.init_from={str(folder)!r}"
-    if not isinstance(config, dict) or config.get("model_type") != "gpt2":
-        kind = config.get("model_type") if isinstance(config, dict) else None
-        raise ConfigError(f"{where}: config.json is not a GPT-2 model (model_type {kind!r}); only gpt2 loads")
+        raise ConfigError(f"{_where(folder)}: cannot read config.json ({err})") from None
+    kind = config.get("model_type") if isinstance(config, dict) else None
+    if kind not in ("gpt2", *LLAMA_TYPES):
+        raise ConfigError(
+            f"{_where(folder)}: config.json's model_type {kind!r} is not one this project computes "
+            f"(gpt2, {', '.join(LLAMA_TYPES)})"
+        )
+    try:
+        return _gpt2_config(config, folder) if kind == "gpt2" else _llama_config(config, folder)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ConfigError(f"{_where(folder)}: config.json lacks or garbles {err}") from None
+
+
+def _gpt2_config(config: dict, folder) -> dict:
     checks = {
         "activation_function": (config.get("activation_function", "gelu_new") in ACTIVATIONS, "gelu_new"),
         "layer_norm_epsilon": (config.get("layer_norm_epsilon", 1e-5) == 1e-5, "1e-5"),
@@ -47,44 +73,124 @@ def read_config(folder: str | Path) -> dict:
     }
     for key, (holds, wanted) in checks.items():
         if not holds:
-            raise ConfigError(f"{where}: {key}={config.get(key)!r} in config.json; this GPT has {wanted}")
-    try:
-        return {
-            "arch": "gpt2",
-            "bias": True,
-            "n_layer": int(config["n_layer"]),
-            "n_head": int(config["n_head"]),
-            "d_model": int(config["n_embd"]),
-            "n_positions": int(config["n_positions"]),
-            "vocab_size": int(config["vocab_size"]),
-        }
-    except (KeyError, TypeError, ValueError) as err:
+            raise ConfigError(f"{_where(folder)}: {key}={config.get(key)!r} in config.json; this GPT has {wanted}")
+    return {
+        "arch": "gpt2",
+        "bias": True,
+        "n_layer": int(config["n_layer"]),
+        "n_head": int(config["n_head"]),
+        "d_model": int(config["n_embd"]),
+        "n_positions": int(config["n_positions"]),
+        "vocab_size": int(config["vocab_size"]),
+    }
+
+
+def _rope(config: dict) -> dict:
+    """The rotary settings in transformers 5's form ({rope_type, rope_theta, factor, ...}), from its
+    rope_parameters or from transformers 4's rope_theta and rope_scaling."""
+    if isinstance(config.get("rope_parameters"), dict):
+        rope = dict(config["rope_parameters"])
+    else:
+        rope = dict(config.get("rope_scaling") or {})
+        rope.setdefault("rope_theta", config.get("rope_theta", 10_000.0))
+    rope["rope_type"] = rope.get("rope_type", rope.get("type", "default"))
+    return rope
+
+
+def _llama_config(config: dict, folder) -> dict:
+    kind, where, rope = config["model_type"], _where(folder), _rope(config)
+    refusals = {  # key: (what this project's llama computes, the folder's value)
+        "hidden_act": ("silu", config.get("hidden_act", "silu")),
+        "mlp_bias": (False, config.get("mlp_bias", False)),
+        "attention_bias": (False, config.get("attention_bias", False) if kind != "qwen2" else False),
+        "partial_rotary_factor": (1.0, rope.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))),
+        "num_experts": (None, config.get("num_experts", config.get("num_local_experts"))),
+    }  # fmt: skip
+    for key, (ours, theirs) in refusals.items():
+        if theirs != ours:
+            raise ConfigError(f"{where}: {key}={theirs!r} in config.json; this project's llama has {ours!r}")
+    if rope["rope_type"] not in ("default", "llama3"):
         raise ConfigError(
-            f"{where}: config.json lacks {err} (n_layer, n_head, n_embd, n_positions, vocab_size)"
-        ) from None
+            f"{where}: rope type {rope['rope_type']!r} in config.json; this project's llama has default and llama3"
+        )
+    n_head, d_model = int(config["num_attention_heads"]), int(config["hidden_size"])
+    positions = int(config["max_position_embeddings"])
+    window = config.get("sliding_window")
+    layers = config.get("layer_types") or []
+    in_use = {"mistral": window is not None, "qwen2": config.get("use_sliding_window", False)}.get(kind, False)
+    if window and (in_use or "sliding_attention" in layers):
+        positions = min(positions, int(window))  # within the window, sliding attention is full attention
+    shape = {
+        "arch": "llama",
+        "bias": kind == "qwen2",
+        "n_layer": int(config["num_hidden_layers"]),
+        "n_head": n_head,
+        "d_model": d_model,
+        "n_kv_head": int(config.get("num_key_value_heads") or n_head),
+        "head_dim": int(config.get("head_dim") or d_model // n_head),
+        "intermediate_size": int(config["intermediate_size"]),
+        "rope_theta": float(rope["rope_theta"]),
+        "rope_scaling": None,
+        "norm_eps": float(config.get("rms_norm_eps", 1e-6)),
+        "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "n_positions": positions,
+        "vocab_size": int(config["vocab_size"]),
+    }
+    if rope["rope_type"] == "llama3":
+        shape |= {
+            "rope_scaling": "llama3",
+            "rope_factor": float(rope["factor"]),
+            "rope_low_freq_factor": float(rope["low_freq_factor"]),
+            "rope_high_freq_factor": float(rope["high_freq_factor"]),
+            "rope_original_context": int(rope["original_max_position_embeddings"]),
+        }
+    return shape
+
+
+def read_state(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's weight file, or of the shards its index names."""
+    path = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
+    if path is None:
+        raise ConfigError(f"{_where(folder)}: no weights ({', '.join(WEIGHT_FILES)})")
+    files = [path]
+    if path.name.endswith(".index.json"):
+        try:
+            weight_map = json.loads(path.read_text(encoding="utf-8"))["weight_map"]
+            files = [folder / name for name in dict.fromkeys(weight_map.values())]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+            raise DataError(f"{path}: unreadable ({err!r})") from None
+    state = {}
+    for file in files:
+        if not file.is_file():
+            raise DataError(f"{path} names {file.name}, which is not in the folder")
+        try:
+            if file.suffix == ".safetensors":
+                from safetensors.torch import load_file
+
+                state |= load_file(str(file))
+            else:
+                state |= torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as err:  # safetensors and torch.load raise their own kinds
+            raise DataError(f"{file}: unreadable ({err})") from None
+    return state
 
 
 def read_weights(folder: str | Path) -> dict[str, torch.Tensor]:
-    """The folder's weights by this GPT's parameter names (Conv1D weights transposed, the tied head
-    and attention-mask buffers left out)."""
+    """The folder's weights by this project's parameter names (GPT-2's Conv1D weights transposed; a
+    tied head, rotary tables and attention-mask buffers left out)."""
     folder = Path(folder)
-    path = next((folder / name for name in WEIGHT_FILES if (folder / name).is_file()), None)
-    if path is None:
-        raise ConfigError(f"model.init_from={str(folder)!r}: no {' or '.join(WEIGHT_FILES)}")
-    try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            state = load_file(str(path))
-        else:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # safetensors and torch.load raise their own kinds
-        raise DataError(f"{path}: unreadable ({err})") from None
+    tied = read_config(folder).get("tie_embeddings", True)
     ours = {}
-    for name, tensor in state.items():
+    for name, tensor in read_state(folder).items():
+        if name == "lm_head.weight" and tied:
+            continue  # the head is the token embedding
+        if name.startswith(("model.", "lm_head.")):  # the llama family: the names are ours
+            if not name.endswith("rotary_emb.inv_freq"):
+                ours[name.removeprefix("model.")] = tensor
+            continue
         name = name.removeprefix("transformer.")
-        if name == "lm_head.weight" or name.endswith((".attn.bias", ".attn.masked_bias")):
-            continue  # the head is the token embedding; the rest are causal-mask buffers
+        if name.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # causal-mask buffers
         ours[_ours(name)] = tensor.t().contiguous() if _is_conv1d(name) else tensor
     return ours
 
@@ -128,13 +234,16 @@ def _hf(our_name: str) -> str:
 
 
 def hf_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's weights by GPT-2's names, Linear weights transposed to Conv1D's (in, out), zero
-    biases where the model has none (model.bias=false): GPT-2 always has them."""
-    params = {name: tensor.detach().float().cpu() for name, tensor in model.state_dict().items()}
+    """The model's weights by Hugging Face's names (float32). gpt2: Linear weights transposed to
+    Conv1D's (in, out), zero biases where the model has none (model.bias=false: GPT-2 always has
+    them); llama: "model." before all but lm_head, which a tied model does not write."""
+    params = {name: tensor.detach().float().cpu().contiguous() for name, tensor in model.state_dict().items()}
+    if model.shape.arch == "llama":
+        return {name if name == "lm_head.weight" else f"model.{name}": tensor for name, tensor in params.items()}
     out = {}
     for name, tensor in params.items():
         hf_name = _hf(name)
-        out[hf_name] = tensor.t().contiguous() if _is_conv1d(hf_name) else tensor.contiguous()
+        out[hf_name] = tensor.t().contiguous() if _is_conv1d(hf_name) else tensor
         if name.endswith(".weight") and _is_conv1d(hf_name) and name.removesuffix("weight") + "bias" not in params:
             out[hf_name.removesuffix("weight") + "bias"] = torch.zeros(tensor.shape[0])
     return out
@@ -149,7 +258,7 @@ def load_into(model: nn.Module, weights: dict[str, torch.Tensor], folder: str | 
     missing, unexpected = sorted(set(params) - set(weights)), sorted(set(weights) - set(params))
     if missing or unexpected:
         raise DataError(
-            f"model.init_from={str(folder)!r}: its weights do not fit this GPT "
+            f"model.init_from={str(folder)!r}: its weights do not fit this model "
             f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
         )
     for name, param in params.items():
@@ -161,38 +270,78 @@ def load_into(model: nn.Module, weights: dict[str, torch.Tensor], folder: str | 
         copy_into(param, weights[name].to(param.dtype))
 
 
+def hf_config(shape, eot: int | None):
+    """The `transformers` configuration of a model's shape: GPT2Config, or for the llama family
+    Qwen2Config (q/k/v biases) or LlamaConfig. Rotary settings go in transformers 4's keys, which
+    transformers 5 reads as well."""
+    import transformers
+
+    if shape.arch == "gpt2":
+        return transformers.GPT2Config(
+            vocab_size=shape.vocab_size,
+            n_positions=shape.positions,
+            n_embd=shape.d_model,
+            n_layer=shape.n_layer,
+            n_head=shape.n_head,
+            activation_function="gelu_new",
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            layer_norm_epsilon=1e-5,
+            bos_token_id=eot,
+            eos_token_id=eot,
+            tie_word_embeddings=True,
+            architectures=["GPT2LMHeadModel"],
+        )
+    scaling = None
+    if shape.rope_scaling:
+        factor, low, high, original = shape.rope_scaling
+        scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high}
+        scaling["original_max_position_embeddings"] = original
+    keys = {
+        "vocab_size": shape.vocab_size,
+        "hidden_size": shape.d_model,
+        "intermediate_size": shape.intermediate_size,
+        "num_hidden_layers": shape.n_layer,
+        "num_attention_heads": shape.n_head,
+        "num_key_value_heads": shape.n_kv_head,
+        "head_dim": shape.head_dim,
+        "max_position_embeddings": shape.positions,
+        "rms_norm_eps": shape.norm_eps,
+        "rope_theta": shape.rope_theta,
+        "rope_scaling": scaling,
+        "hidden_act": "silu",
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": shape.tie_embeddings,
+        "bos_token_id": eot,
+        "eos_token_id": eot,
+    }
+    if shape.bias:
+        return transformers.Qwen2Config(**keys, use_sliding_window=False, architectures=["Qwen2ForCausalLM"])
+    return transformers.LlamaConfig(**keys, attention_bias=False, mlp_bias=False, architectures=["LlamaForCausalLM"])
+
+
 def write_folder(model: nn.Module, folder: Path, tokenizer, eot: int | None) -> None:
-    """A `transformers` GPT-2 folder of the model: config.json, model.safetensors, and for a
-    tokenizer.json run the tokenizer's files (AutoTokenizer loads them)."""
+    """A `transformers` folder of the model (GPT-2, Llama or Qwen2): config.json, model.safetensors
+    and, for a tokenizer.json run, the tokenizer's files (AutoTokenizer loads them): the files it
+    came with (tokenizer_config.json: special tokens, chat template) as they are, else a
+    tokenizer_config.json naming its end-of-text token."""
     try:
-        from transformers import GPT2Config, PreTrainedTokenizerFast
+        from transformers import PreTrainedTokenizerFast
     except ImportError:
         raise ConfigError(f"export --format hf needs the transformers package: {EXTRA}") from None
     from safetensors.torch import save_file
 
-    shape = model.shape
-    config = GPT2Config(
-        vocab_size=shape.vocab_size,
-        n_positions=shape.positions,
-        n_embd=shape.d_model,
-        n_layer=shape.n_layer,
-        n_head=shape.n_head,
-        activation_function="gelu_new",
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attn_pdrop=0.0,
-        layer_norm_epsilon=1e-5,
-        bos_token_id=eot,
-        eos_token_id=eot,
-        tie_word_embeddings=True,
-        architectures=["GPT2LMHeadModel"],
-    )
     staging = folder.with_name(f".{folder.name}.partial")  # the folder appears complete or not at all
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    config.save_pretrained(str(staging))
+    hf_config(model.shape, eot).save_pretrained(str(staging))
     save_file(hf_state(model), str(staging / "model.safetensors"), metadata={"format": "pt"})
-    if getattr(tokenizer, "json", None) is not None:
+    if getattr(tokenizer, "companions", None):
+        (staging / "tokenizer.json").write_bytes(tokenizer.json)
+        for name, content in tokenizer.companions.items():
+            (staging / name).write_bytes(content)
+    elif getattr(tokenizer, "json", None) is not None:
         from tokenizers import Tokenizer
 
         end = tokenizer.tokenizer.id_to_token(eot) if eot is not None else None

@@ -35,7 +35,8 @@ or empty directory; it appears complete or not at all): the token ids (uint16 wh
 fits, else uint32) in shards of --shard-tokens tokens, train_000000.bin, ... and val_000000.bin,
 ... (training reads each split's shards as one stream), meta.json (the tokenizer, vocabulary,
 dtype, the split rule, and per split its files and its tokens, bytes of text and documents), and
-the tokenizer.json when one was given. Train with:
+the tokenizer.json when one was given (with the tokenizer_config.json, special_tokens_map.json and
+chat_template.jinja found beside it). Train with:
 
     python -m PACKAGE.train data.name=text data.root=data/corpus
 """
@@ -653,6 +654,8 @@ def _prepare(paths: list[str], out: Path, options: Options, val_paths: list[str]
     }
     if options.tokenizer != "bytes":
         shutil.copyfile(options.tokenizer, staging / "tokenizer.json")
+        for name, content in tokenizer.companions.items():  # special tokens, chat template: they travel too
+            (staging / name).write_bytes(content)
     (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     if out.exists():
         out.rmdir()  # empty, checked above

@@ -24,7 +24,7 @@ from ..engine.parallel import meta_init
 from . import hf
 from .data import DeviceWindows, TokenData, build_datasets
 from .model import INIT_TYPES, ModelShape, architecture, init_module, lm_loss
-from .tokenizer import FOLDER, describe, identity, read_identity, read_tokenizer, tokenizer_files
+from .tokenizer import FOLDER, HFTokenizer, describe, identity, read_identity, read_tokenizer, tokenizer_files
 from .validation import evaluate_model
 
 
@@ -87,7 +87,7 @@ class Task(seam.Task):
         run.seed, or from model.init_from's weights; shard(model) (FSDP) is applied on the meta
         device, before any weight exists (meta_init.py), so no process ever holds the whole model
         (with model.init_from, each process copies in its shards of the folder's tensors)."""
-        shape = ModelShape.of(self.cfg.model, self.data.vocab_size, self.cfg.data.seq_len)
+        shape = ModelShape.of(self.cfg.model, self._vocabulary(), self.cfg.data.seq_len)
         weights = self._pretrained() if self.cfg.model.init_from else None  # read (and checked) first
         model, _ = meta_init.build(
             lambda: architecture(shape),
@@ -101,14 +101,31 @@ class Task(seam.Task):
             hf.load_into(model, weights, self.cfg.model.init_from)
         return model
 
-    def _pretrained(self) -> dict[str, torch.Tensor]:
-        folder = self.cfg.model.init_from
-        vocab = hf.read_config(folder)["vocab_size"]
-        if vocab != self.data.vocab_size:
+    def _vocabulary(self) -> int:
+        """Rows of the embedding: model.vocab_size (model.init_from's), else the tokenizer's."""
+        rows = self.cfg.model.vocab_size or self.data.vocab_size
+        if rows < self.data.vocab_size:
             raise DataError(
-                f"model.init_from={folder!r} has a vocabulary of {vocab} tokens, the data's tokenizer "
-                f"{self.data.vocab_size}: prepare the text with the model's tokenizer (--tokenizer "
-                f"{Path(folder) / 'tokenizer.json'})"
+                f"model.vocab_size={rows} is below the tokenizer's vocabulary of {self.data.vocab_size} tokens"
+            )
+        return rows
+
+    def _pretrained(self) -> dict[str, torch.Tensor]:
+        """model.init_from's weights, once its tokenizer is known to be the data's: the same
+        tokenizer.json (and end-of-text token) when the folder has one, else the same vocabulary."""
+        folder = Path(self.cfg.model.init_from)
+        again = f"prepare the text with the model's tokenizer (--tokenizer {folder / 'tokenizer.json'})"
+        if (folder / "tokenizer.json").is_file():
+            theirs, ours = identity(HFTokenizer(folder / "tokenizer.json")), identity(self.data.tokenizer)
+            if theirs != ours:
+                raise DataError(
+                    f"model.init_from={str(folder)!r} comes with the tokenizer {describe(theirs)}, but the data was "
+                    f"prepared with {describe(ours)}: {again}"
+                )
+        elif hf.read_config(folder)["vocab_size"] != self.data.vocab_size:
+            raise DataError(
+                f"model.init_from={str(folder)!r} has a vocabulary of {hf.read_config(folder)['vocab_size']} tokens, "
+                f"the data's tokenizer {self.data.vocab_size}: {again}"
             )
         return hf.read_weights(folder)
 
@@ -137,7 +154,9 @@ class Task(seam.Task):
         """perf/tokens_per_s: every sequence trains data.seq_len tokens."""
         return {"perf/tokens_per_s": samples_per_s * self.cfg.data.seq_len}
 
-    EXPORT_FORMATS = {"hf": "a Hugging Face GPT-2 folder (export/hf: transformers' from_pretrained loads it)"}
+    EXPORT_FORMATS = {
+        "hf": "a Hugging Face folder, GPT-2, Llama or Qwen2 (export/hf: transformers' from_pretrained loads it)"
+    }
 
     def export_as(self, fmt: str, model: nn.Module, folder: Path) -> Path:
         """export --format hf: config.json, model.safetensors and, for a tokenizer.json run, the

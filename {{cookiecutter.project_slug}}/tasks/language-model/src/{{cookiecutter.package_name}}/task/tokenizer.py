@@ -7,7 +7,9 @@ document in the token files (None when the tokenizer has none).
 A run carries its tokenizer: training writes it into the run directory (tokenizer/, through
 Task.model_files) and export into export/tokenizer/, as `tokenizer/meta.json` (which tokenizer,
 its vocabulary, end-of-document id and, for a tokenizer.json, its SHA-256) beside the
-tokenizer.json itself. generate and export read it from there, so they need no prepared data, and
+tokenizer.json itself and the files a Hugging Face model folder keeps beside it
+(tokenizer_config.json: special tokens and chat template; special_tokens_map.json;
+chat_template.jinja). generate and export read it from there, so they need no prepared data, and
 a run refuses data prepared with another tokenizer (`identity`).
 """
 
@@ -59,11 +61,17 @@ class AlphabetTokenizer:
         return "".join(self.symbols[i] for i in ids)
 
 
+# What a Hugging Face model folder keeps beside its tokenizer.json: travels with it, unread but for
+# the end-of-sequence token.
+COMPANIONS = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+
+
 class HFTokenizer:
-    """A local Hugging Face tokenizer.json (BPE, WordPiece, ...) through the `tokenizers` package."""
+    """A local Hugging Face tokenizer.json (BPE, WordPiece, ...) through the `tokenizers` package, with
+    the companion files found beside it (COMPANIONS)."""
 
     name = "tokenizer.json"
-    END_MARKERS = ("<|endoftext|>", "</s>", "<eos>", "[SEP]")
+    END_MARKERS = ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>", "[SEP]")
 
     def __init__(self, path: str | Path):
         try:
@@ -75,8 +83,21 @@ class HFTokenizer:
             self.tokenizer = Tokenizer.from_str(self.json.decode("utf-8"))
         except Exception as err:  # the Rust side raises its own exception type
             raise DataError(f"{path}: not a Hugging Face tokenizer.json ({err})") from None
+        beside = Path(path).parent
+        self.companions = {name: (beside / name).read_bytes() for name in COMPANIONS if (beside / name).is_file()}
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
-        self.eot = next((i for m in self.END_MARKERS if (i := self.tokenizer.token_to_id(m)) is not None), None)
+        markers = (self._configured_end(path), *self.END_MARKERS)
+        self.eot = next((i for m in markers if m and (i := self.tokenizer.token_to_id(m)) is not None), None)
+
+    def _configured_end(self, path: str | Path) -> str | None:
+        """tokenizer_config.json's eos_token (a string, or a dict with its content), if given."""
+        if "tokenizer_config.json" not in self.companions:
+            return None
+        try:
+            end = json.loads(self.companions["tokenizer_config.json"]).get("eos_token")
+        except (ValueError, AttributeError) as err:
+            raise DataError(f"{Path(path).parent / 'tokenizer_config.json'}: unreadable ({err})") from None
+        return end.get("content") if isinstance(end, dict) else end if isinstance(end, str) else None
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -120,6 +141,7 @@ def tokenizer_files(tokenizer) -> dict[str, bytes]:
     files = {f"{FOLDER}/meta.json": (json.dumps(identity(tokenizer), indent=2) + "\n").encode()}
     if isinstance(tokenizer, HFTokenizer):
         files[f"{FOLDER}/tokenizer.json"] = tokenizer.json
+        files |= {f"{FOLDER}/{name}": content for name, content in tokenizer.companions.items()}
     return files
 
 
