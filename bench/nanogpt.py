@@ -137,9 +137,11 @@ def run_nanogpt(checkout: Path, work: Path, steps: int, eval_iters: int) -> dict
     return {"val_loss": float(val), "step_s": statistics.median(times), "wall_s": wall}
 
 
-def run_ours(project: Path, package: str, text_file: Path, work: Path, steps: int) -> dict:
-    """prepare (one file: the last 10% is validation) and train at the recipe; the final val/loss
-    and the median perf/step_time_s."""
+def run_ours(
+    project: Path, package: str, text_file: Path, work: Path, steps: int, extra: tuple = ()
+) -> dict:
+    """prepare (one file: the last 10% is validation) and train at the recipe (with the extra
+    overrides); the final val/loss and the median perf/step_time_s."""
     data, out = work / "data", work / "run"
     env = {**os.environ, "PYTHONPATH": str(project / "src")}
     prepare = [
@@ -176,6 +178,7 @@ def run_ours(project: Path, package: str, text_file: Path, work: Path, steps: in
         "trainer.val_every=null",
         "trainer.log_every=10",
         f"trainer.checkpoint_every={steps}",
+        *extra,
     ]
     start = time.perf_counter()
     subprocess.run(
