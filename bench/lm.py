@@ -172,6 +172,7 @@ def generated_overrides(total_steps: int, log_every: int) -> list[str]:
     where they set the work per step)."""
     return [
         "model.preset=micro",
+        "model.arch=gpt2",  # the raw loop's GPT (the project's default family is llama)
         f"data.seq_len={SEQ_LEN}",
         f"data.batch_size={BATCH}",
         "data.loader=workers",  # a DataLoader, as the raw loop's: the loops are compared

@@ -218,7 +218,9 @@ def compare(
     runs: dict[str, list[dict]] = {"ours": [], "nanogpt": []}
     for rep in range(reps):
         ours = work / f"ours{rep}"
-        runs["ours"].append(run_ours(project, package, text_file, ours, steps))
+        # nanoGPT's model is GPT-2's family: ours of the same family (bench/arch.py compares llama)
+        gpt2 = ("model.arch=gpt2",)
+        runs["ours"].append(run_ours(project, package, text_file, ours, steps, gpt2))
         train_bytes = json.loads((ours / "data" / "meta.json").read_text())["train"]["bytes"]
         copy = work / f"nanogpt{rep}"
         shutil.copytree(checkout, copy, ignore=shutil.ignore_patterns(".git"))

@@ -47,7 +47,10 @@ drift in machine load hits all alike):
    --quick with 1 MB, --only-prepare alone);
 11. nanoGPT (nanogpt.py; full run or --only-nanogpt, with --nanogpt DIR or a fresh clone): the
    final validation loss and median step time of this project and of nanoGPT's train.py at
-   nanoGPT's CPU character-level recipe, on the same text and split.
+   nanoGPT's CPU character-level recipe, on the same text and split;
+12. transformers' Llama (hf_llama.py; --only-hf-llama alone; --quick: 2 steps, once): seconds
+   per training step and the peak memory the steps add, this project's llama vs
+   LlamaForCausalLM at the same shape, weights and tokens (float32, SDPA).
 
 Prints one `name: value` line per figure, then a summary table against the targets; writes
 bench/results/cpu.json (or --json FILE).
@@ -316,6 +319,13 @@ class Bench:
             if isinstance(value, int | float):
                 self.record(name, value)
 
+    def hf_llama(self) -> None:
+        """12: this project's llama vs transformers' LlamaForCausalLM, step time and peak memory
+        (hf_llama.py). --quick: 2 steps after 1, once (it checks that both compute one model)."""
+        quick = ["--steps", "2", "--warmup", "1", "--reps", "1"] if self.quick else []
+        for name, value in self.lm_script("hf_llama.py", quick, timeout=3600).items():
+            self.record(name, value)
+
     def scale(self) -> None:
         """9: the language model at about 302M parameters on 2 FSDP processes (scale.py): rank 0's
         extra memory during a full vs a sharded save, the stall of an async save vs a sync one,
@@ -545,6 +555,7 @@ TARGETS = [
         lambda v, f: v <= f["nanogpt/nanogpt_val_loss"],
     ),
     ("nanogpt/step_time_ratio", "<= 1", lambda v, f: v <= 1.0),
+    ("hf_llama/step_time_ratio", "<= 1", lambda v, f: v <= 1.0),
 ]
 
 
@@ -626,6 +637,9 @@ def main() -> int:
     parser.add_argument(
         "--nanogpt", type=Path, help="a checkout of karpathy/nanoGPT (default: clone one)"
     )
+    parser.add_argument(
+        "--only-hf-llama", action="store_true", help="the transformers Llama comparison (12) alone"
+    )
     parser.add_argument("--only-demo", action="store_true", help="the two demos' figures (6) alone")
     parser.add_argument(
         "--only-lm-demo", action="store_true", help="the language model's demo (6) alone"
@@ -640,7 +654,7 @@ def main() -> int:
         type=Path,
         help="default: results/cpu.json (--only-lm: cpu_lm.json, --only-scale: cpu_scale.json, "
         "--only-demo: cpu_demo.json, --only-instructions: cpu_instructions.json, --only-prepare: "
-        "cpu_prepare.json, --only-nanogpt: cpu_nanogpt.json)",
+        "cpu_prepare.json, --only-nanogpt: cpu_nanogpt.json, --only-hf-llama: cpu_hf_llama.json)",
     )
     parser.add_argument(
         "--docs", action="store_true", help="rewrite docs/performance.md results and plot"
@@ -654,6 +668,7 @@ def main() -> int:
         or args.only_prepare
         or args.only_nanogpt
         or args.only_lm_demo
+        or args.only_hf_llama
     )
     if args.quick and args.docs:
         parser.error("--docs needs timed figures, not --quick")
@@ -666,6 +681,7 @@ def main() -> int:
             "cpu_prepare": args.only_prepare,
             "cpu_nanogpt": args.only_nanogpt,
             "cpu_lm_demo": args.only_lm_demo,
+            "cpu_hf_llama": args.only_hf_llama,
         }
         name = next((part for part, chosen in parts.items() if chosen), "cpu")
         args.json = HERE / "results" / f"{name}.json"
@@ -689,6 +705,8 @@ def main() -> int:
             bench.prepare_throughput()
         elif args.only_nanogpt:
             bench.nanogpt(args.nanogpt)
+        elif args.only_hf_llama:
+            bench.hf_llama()
         elif args.quick:
             bench.step_times("mlp", warmup=2, steps=3, log_every=10, reps=1)
             bench.op_counts("mlp", warmup=2, steps=10)
@@ -706,6 +724,7 @@ def main() -> int:
             bench.scaling()
             bench.input_pipeline()
             bench.scale()
+            bench.hf_llama()
         if not (args.quick or only):
             bench.demo()
             bench.lm_demo()

@@ -35,8 +35,8 @@ import threading
 import time
 from pathlib import Path
 
-MODEL = ["model.n_layer=24", "model.d_model=1024", "model.n_head=16"]
-QUICK_MODEL = ["model.n_layer=4", "model.d_model=256", "model.n_head=4"]
+MODEL = ["model.arch=gpt2", "model.n_layer=24", "model.d_model=1024", "model.n_head=16"]
+QUICK_MODEL = ["model.arch=gpt2", "model.n_layer=4", "model.d_model=256", "model.n_head=4"]
 COMMON = [
     "run.device=cpu",
     "run.cache_cpu_memory=false",  # freed memory goes back: RSS shows each phase's own

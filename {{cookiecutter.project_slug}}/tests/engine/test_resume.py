@@ -75,7 +75,7 @@ def test_resuming_with_a_changed_learning_rate_exits_2_naming_key_values_and_rem
     assert main([*tiny, *SAVING, "trainer.max_steps=4", "optim.lr=0.0001"]) == 2
     err = one_line_error(capsys)
     assert f"optim.lr {default.optim.lr} -> 0.0001" in err and "trainer.override_optim=true" in err
-    assert "run.output_dir" in err
+    assert f"resume with optim.lr={default.optim.lr}, or start a new run.output_dir" in err  # the way back
 
     override, named = MODEL_CHANGE
     assert main([*tiny, *SAVING, "trainer.max_steps=4", override, "optim.weight_decay=0.3"]) == 2

@@ -122,7 +122,11 @@ def check_resume_changes(
         if any(key in GLOBAL_BATCH_KEYS for key in refused):
             listed += f" (global batch {stored_global_batch} -> {global_batch})"
         optim = [key for key in refused if key in OPTIM_KEYS]
-        remedy = "start a new run.output_dir (or trainer.resume=never)"
+        back = " ".join(
+            f"{key}={_as_override(was)}" for key, (was, _) in refused.items() if key not in GLOBAL_BATCH_KEYS
+        )
+        remedy = f"resume with {back}, or " if back else ""
+        remedy += "start a new run.output_dir (or trainer.resume=never)"
         if optim and len(optim) == len(refused):
             remedy += (
                 ", or add trainer.override_optim=true to apply the new "
@@ -132,6 +136,11 @@ def check_resume_changes(
             f"resuming from {path} with a changed configuration: {listed}; these must match the checkpoint: {remedy}"
         )
     return sorted(changes)
+
+
+def _as_override(value) -> str:
+    """A stored value as a command-line override writes it (null, true, [0.9,0.95], text)."""
+    return value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
 
 
 def set_aside_run_files(output_dir: Path, names=RUN_FILES) -> None:

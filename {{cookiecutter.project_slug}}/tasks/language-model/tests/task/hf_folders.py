@@ -3,11 +3,19 @@
 template, saved as the folders a user downloads."""
 
 import json
+import re
 
 import torch
 
 CORPUS = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(400))
-{% raw %}CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"{% endraw %}
+# A ChatML template in Jinja, as tokenizer_config.json holds one, written with <% %> and << >> so
+# that this file carries no template markup of its own (the template's bake checks for leftovers).
+MARKUP = {"<%": "{" + "%", "%>": "%" + "}", "<<": "{" + "{", ">>": "}" + "}"}
+CHAT_TEMPLATE = re.sub(
+    "<%|%>|<<|>>",
+    lambda found: MARKUP[found[0]],
+    "<% for m in messages %><|im_start|><< m['role'] >>\n<< m['content'] >><|im_end|>\n<% endfor %>",
+)
 SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96}
 
 

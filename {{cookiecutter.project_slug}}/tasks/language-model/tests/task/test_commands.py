@@ -152,7 +152,7 @@ def test_export_runs_any_batch_and_length_without_the_project(trained):
     from safetensors.torch import load_file
 
     weights = load_file(trained / "export" / "model.safetensors")
-    assert "tok_emb.weight" in weights and not any(k.startswith(("module.", "_orig_mod.")) for k in weights)
+    assert "embed_tokens.weight" in weights and not any(k.startswith(("module.", "_orig_mod.")) for k in weights)
     code = f"""
 import torch
 program = torch.export.load({str(trained / "export" / "model.pt2")!r}).module()
@@ -228,7 +228,7 @@ def test_a_checkpoint_of_the_flat_layout_resumes_exactly(tiny, tmp_path, final_w
     # rate then the default: its checkpoint's optimizer keeps them on resume, and the run resumed
     # from today's copy must use them too.
     saves = ["trainer.checkpoint_every=3", "trainer.checkpoint_format=full"]
-    saves += ["optim.betas=[0.9,0.999]", "optim.lr=0.006"]
+    saves += ["optim.betas=[0.9,0.999]", "optim.lr=0.006", "model.arch=gpt2"]  # and gpt2, the default then
     old = load_checkpoint(FLAT_LAYOUT_CHECKPOINT)
     stored = torch.load(FLAT_LAYOUT_CHECKPOINT, map_location="cpu", weights_only=True)["model"]
     cfg = load_config([], [*tiny, *saves])

@@ -78,7 +78,7 @@ def test_export_hf_loads_back_into_transformers(tmp_path):
     """`export --format hf` of a fine-tuned run and of a new model without biases (zeros are written
     for GPT-2's): AutoModelForCausalLM loads each, with the logits of our model from the checkpoint."""
     gpt2_folder(tmp_path / "gpt2")
-    runs = {"finetuned": [f"model.init_from={tmp_path / 'gpt2'}"], "new": ["model.preset=nano"]}
+    runs = {"finetuned": [f"model.init_from={tmp_path / 'gpt2'}"], "new": ["model.preset=nano", "model.arch=gpt2"]}
     for name, extra in runs.items():
         run = tmp_path / name
         assert train_main([*BASE, *extra, f"run.output_dir={run}", "trainer.max_steps=2"]) == 0

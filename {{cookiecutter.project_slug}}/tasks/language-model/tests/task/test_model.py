@@ -21,13 +21,14 @@ def test_a_token_never_sees_the_tokens_after_it():
     assert not torch.allclose(before[:, 5:], after[:, 5:])
 
 
-def test_the_output_layer_is_the_token_embedding():
+@pytest.mark.parametrize(("arch", "embedding"), [("llama", "embed_tokens"), ("gpt2", "tok_emb")])
+def test_the_output_layer_is_the_token_embedding(arch, embedding):
     """Tied weights: one matrix, in the state dict once, and a step on the output moves the embedding."""
-    model = build_model(ModelConfig(preset="nano"), vocab_size=20, seq_len=8)
-    assert [k for k in model.state_dict() if k.endswith("emb.weight")] == ["tok_emb.weight", "pos_emb.weight"]
+    model = build_model(ModelConfig(preset="nano", arch=arch), vocab_size=20, seq_len=8)
+    assert [k for k in model.state_dict() if k.startswith((embedding, "lm_head"))] == [f"{embedding}.weight"]
     tokens = torch.zeros(1, 1, dtype=torch.long)  # only token 0 is embedded
     lm_loss(model(tokens), torch.full((1, 1), 7)).backward()
-    assert model.tok_emb.weight.grad[7].abs().sum() > 0  # row 7 gets a gradient from the output only
+    assert getattr(model, embedding).weight.grad[7].abs().sum() > 0  # row 7 gets a gradient from the output only
 
 
 def test_presets_span_a_cpu_model_to_gpt2_small():
@@ -48,7 +49,7 @@ def test_bias_puts_gpt2_s_biases_on_every_linear_starting_at_zero():
     with torch.device("meta"):
         gpt2 = GPT(ModelShape.of(ModelConfig(preset="gpt2", bias=True), vocab_size=50257, seq_len=1024))
     assert sum(p.numel() for p in gpt2.parameters()) == 124_439_808  # transformers' GPT2LMHeadModel
-    model = build_model(ModelConfig(preset="nano", bias=True), vocab_size=20, seq_len=8)
+    model = build_model(ModelConfig(preset="nano", arch="gpt2", bias=True), vocab_size=20, seq_len=8)
     biases = {name: p for name, p in model.named_parameters() if name.endswith("bias") and "norm" not in name}
     assert len(biases) == 4 * model.shape.n_layer and all(torch.count_nonzero(p) == 0 for p in biases.values())
     linear = nn.Linear(8, 24)
@@ -60,8 +61,11 @@ def test_bias_puts_gpt2_s_biases_on_every_linear_starting_at_zero():
 def test_explicit_sizes_override_the_preset_and_are_checked():
     shape = ModelShape.of(ModelConfig(preset="micro", n_layer=3), vocab_size=10, seq_len=8)
     assert (shape.n_layer, shape.n_head, shape.d_model) == (3, 4, 128)
-    with pytest.raises(ConfigError, match="model.d_model=100 is not divisible by model.n_head=3"):
-        ModelShape.of(ModelConfig(d_model=100, n_head=3), vocab_size=10, seq_len=8)
+    for arch in ("llama", "gpt2"):
+        with pytest.raises(ConfigError, match="model.d_model=100 is not divisible by model.n_head=3"):
+            ModelShape.of(ModelConfig(arch=arch, d_model=100, n_head=3, n_kv_head=1), vocab_size=10, seq_len=8)
+    with pytest.raises(ConfigError, match="model.n_head=3 is not a multiple of the preset's model.n_kv_head=2"):
+        ModelShape.of(ModelConfig(preset="micro", n_head=3, d_model=96), vocab_size=10, seq_len=8)
 
 
 def test_loss_refuses_targets_that_would_broadcast():

@@ -312,7 +312,7 @@ def test_prepare_with_a_tokenizer_json(corpus, tmp_path, run_dir):
 def latest_checkpoint_vocab(run_dir) -> int:
     from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import latest_checkpoint
 
-    return latest_checkpoint(run_dir / "checkpoints")[1]["model"]["tok_emb.weight"].shape[0]
+    return latest_checkpoint(run_dir / "checkpoints")[1]["model"]["embed_tokens.weight"].shape[0]
 
 
 @pytest.mark.slow  # the fast tier holds its 90 s (make test-all runs it)

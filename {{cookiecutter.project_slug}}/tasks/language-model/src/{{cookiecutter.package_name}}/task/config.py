@@ -51,7 +51,7 @@ class DataConfig(DataBase):
 class ModelConfig(ModelBase):
     arch: str | None = None
     """The family: llama (RMSNorm, rotary positions, SwiGLU, grouped-query attention: Llama, Qwen2, Mistral,
-    SmolLM2) or gpt2 (learned positions, LayerNorm, GELU). null: the preset's, gpt2 for the size presets."""
+    SmolLM2) or gpt2 (learned positions, LayerNorm, GELU). null: the preset's, llama for the size presets."""
     preset: str = "micro"
     """A named shape (model.PRESETS). Sizes for either family: nano, micro, mini (CPU sizes), small. Published
     models: gpt2 (GPT-2 small), smollm2-135m, smollm2-360m, qwen2.5-0.5b, llama3.2-1b (their vocabulary is

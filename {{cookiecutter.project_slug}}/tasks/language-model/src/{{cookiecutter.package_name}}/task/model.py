@@ -23,7 +23,7 @@ from .gpt2 import GPT
 from .llama import Llama
 
 ARCHS = ("llama", "gpt2")
-DEFAULT_ARCH = "gpt2"  # for a new model of a size preset
+DEFAULT_ARCH = "llama"  # for a new model of a size preset (bench/arch.py: 29% lower loss than gpt2 in the same time)
 
 # Named sizes. Size presets (no "arch") fit either family; llama reads their n_kv_head, and sizes
 # its SwiGLU MLP by swiglu_width (about 8/3 x d_model in 3 matrices: as many parameters as GPT-2's
@@ -107,6 +107,8 @@ class ModelShape:
     norm_eps: float = 1e-5
 
     def __post_init__(self):
+        if not self.head_dim and self.d_model % self.n_head:
+            raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}")
         self.positions = self.positions or self.seq_len
         self.n_kv_head = self.n_kv_head or self.n_head
         self.head_dim = self.head_dim or self.d_model // self.n_head
@@ -120,6 +122,12 @@ class ModelShape:
         known = {**FAMILY_DEFAULTS[arch], **PRESETS[cfg.preset]}
         keys = (*SHARED_KEYS, *FAMILY_DEFAULTS[arch])
         value = {key: getattr(cfg, key) if getattr(cfg, key) is not None else known[key] for key in keys}
+        heads, kv_heads = value["n_head"], value.get("n_kv_head")
+        if arch == "llama" and cfg.n_kv_head is None and kv_heads and heads % kv_heads:
+            raise ConfigError(
+                f"model.n_head={heads} is not a multiple of the preset's model.n_kv_head={kv_heads}: "
+                "set model.n_kv_head to a divisor of it"
+            )
         scaling = value.pop("rope_scaling", None)
         scaling_values = tuple(value.pop(key, None) for key in ROPE_SCALING)
         if scaling == "llama3":
@@ -130,8 +138,6 @@ class ModelShape:
 
     def check(self) -> None:
         """Sizes that do not fit together, named by their keys."""
-        if self.arch == "gpt2" and self.d_model % self.n_head:
-            raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.n_head={self.n_head}")
         if self.arch == "gpt2" and not self.tie_embeddings:
             raise ConfigError("model.tie_embeddings=false: GPT-2's output layer is its token embedding")
         if self.arch == "llama":
