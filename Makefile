@@ -18,7 +18,7 @@ demo: $(STAMP)
 	@echo "Demo outputs: $(DEMO)/runs/demo (metrics.jsonl, checkpoints/)"
 
 test: $(STAMP)
-	$(BIN)/python -m pytest tests -q --durations=25 -n auto --dist loadgroup
+	$(BIN)/python -m pytest tests -q --durations=25
 
 # CPU benchmarks (about 40 minutes on 2 cores): rewrites docs/performance.md's results and plot.
 bench: $(STAMP)

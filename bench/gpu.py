@@ -10,7 +10,10 @@ Cases (each a real `python -m PACKAGE.train` run with the overrides in CASES):
   8 workers with bf16 + channels_last + torch.compile, and fp32 eager vs that on the device loader;
 - the language model at GPT-2 small's size (12 layers, width 768, 50,257-token vocabulary: 124M
   parameters), 1024-token sequences, batch 32, bf16 + compile, on random tokens written in the
-  prepared-data format (throughput does not depend on what the tokens say).
+  prepared-data format (throughput does not depend on what the tokens say);
+- the llama family at SmolLM2-135M's shape (30 layers, width 576, 9 heads over 3 key/value heads,
+  SwiGLU 1536, tied; with the random tokens' 50,257-token vocabulary 135.2M parameters), 2048-token
+  sequences, batch 16 (the same tokens per step), bf16 + compile.
 
 Figures per case are medians over the run's own log windows (perf/samples_per_s, step time, data
 wait: host time in the loader for the workers, GPU time making batches, by CUDA events, for the
@@ -81,6 +84,14 @@ GPT2_SMALL = [
     "trainer.precision=bf16",
     "model.compile=true",
 ]
+SMOLLM2_135M = [
+    "model.preset=smollm2-135m",
+    "data.seq_len=2048",
+    "data.batch_size=16",
+    "data.loader=device",
+    "trainer.precision=bf16",
+    "model.compile=true",
+]
 # Random tokens of the GPT-2 vocabulary: 610 steps of training, one batch of validation windows.
 LM_TOKENS = {"train": 20_000_000, "val": 32 * 1024 + 1}
 VOCAB = 50257
@@ -95,6 +106,7 @@ CASES = {
     "resnet18_32px_device_fp32_eager": ("image", [*IMAGE_32PX, *DEVICE, *FP32_EAGER], 600),
     "resnet18_32px_device_bf16_compile": ("image", [*IMAGE_32PX, *DEVICE, *BF16_COMPILE], 1500),
     "gpt2_small_1024_bf16_compile": ("lm", GPT2_SMALL, 600),
+    "smollm2_135m_2048_bf16_compile": ("lm", SMOLLM2_135M, 600),
 }
 COMMON = [
     "trainer.resume=never",
@@ -112,7 +124,7 @@ CPU_CHECK = {
         "data.batch_size=16",
         "data.num_workers=2",
     ],
-    "lm": ["model.preset=nano", "data.seq_len=64", "data.batch_size=4"],
+    "lm": ["model.preset=nano", "model.arch=gpt2", "data.seq_len=64", "data.batch_size=4"],
 }
 CPU_CHECK_LM_TOKENS = {"train": 20_000, "val": 2_000}
 

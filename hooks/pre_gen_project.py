@@ -43,6 +43,7 @@ RESERVED_PACKAGE_NAMES = frozenset(
         "test",
         "tests",
         "tiny",  # tests/tiny.py: the task's test configuration
+        "hf_folders",  # tests/task/hf_folders.py: the language model's Hugging Face test folders
         "tokenizers",  # the language model's optional tokenizer.json support
         "pyarrow",  # the language model's prepare: Parquet and datasets inputs
         "datasets",  # its tests write a datasets folder with it

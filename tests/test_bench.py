@@ -11,10 +11,6 @@ import sys
 import pytest
 from conftest import ROOT
 
-# One quick benchmark run serves every test here: under `make test`'s parallel workers they stay
-# on one worker (--dist loadgroup), so it runs once.
-pytestmark = pytest.mark.xdist_group("bench")
-
 FIGURES = [
     *(f"step_s/{m}/{c}" for m in ("mlp", "resnet18") for c in ("generated", "raw", "lightning")),
     *(f"faults_per_step/{m}/{c}" for m in ("mlp", "resnet18") for c in ("generated", "raw")),

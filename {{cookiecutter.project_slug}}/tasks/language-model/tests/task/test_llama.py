@@ -191,8 +191,9 @@ def test_a_folder_gives_its_logits_exports_bit_for_bit_and_loads_back(tmp_path, 
     """model.init_from reads the folder (config.json of transformers 4 or 5, sharded safetensors, a
     tied head not written, an embedding padded beyond the tokenizer, a sliding window capping the
     context): our logits equal transformers'. Written out again (export's writer), its tensors are the
-    folder's bit for bit, under the same names. After training, `export --format hf` loads in
-    AutoModelForCausalLM as the right class with our logits, and AutoTokenizer loads the tokenizer with
+    folder's bit for bit, under the same names, and load (with the configuration this project writes
+    for a model of its own: Llama, or Qwen2 for q/k/v biases) with the same logits. After training, `export --format hf` loads in
+    AutoModelForCausalLM as the folder's class with our logits, and AutoTokenizer loads the tokenizer with
     its end token and chat template; generate samples only the tokenizer's ids, cached as uncached."""
     model_type, keys, padding, shards, v4 = FOLDERS[case]
     folder, data, corpus = tmp_path / "folder", tmp_path / "data", tmp_path / "corpus.txt"
@@ -215,12 +216,17 @@ def test_a_folder_gives_its_logits_exports_bit_for_bit_and_loads_back(tmp_path, 
     source, again = hf.read_state(folder), load_file(tmp_path / "again" / "model.safetensors")
     assert source.keys() == again.keys() and ("lm_head.weight" in again) != theirs.config.tie_word_embeddings
     assert all(torch.equal(source[name], again[name]) for name in source)
+    rebuilt = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "again")).eval()  # no source config:
+    assert type(rebuilt).__name__ == ("Qwen2ForCausalLM" if model_type == "qwen2" else "LlamaForCausalLM")  # ours
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt(tokens).logits, theirs(tokens).logits)
 
     run = tmp_path / "run"
     assert main([*settings, f"run.output_dir={run}", "trainer.max_steps=2"]) == 0
     assert export_main([f"run.output_dir={run}", "--format", "hf"]) == 0
     exported = transformers.AutoModelForCausalLM.from_pretrained(str(run / "export" / "hf")).eval()
-    assert type(exported).__name__ == ("Qwen2ForCausalLM" if model_type == "qwen2" else "LlamaForCausalLM")
+    classes = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
+    assert type(exported).__name__ == classes[model_type]  # the class the fine-tune started from
     path, state = latest_checkpoint(run / "checkpoints")
     load_model_weights(model, state, path)
     with torch.no_grad():

@@ -12,7 +12,8 @@ Two families load:
   family cannot compute (another activation, MLP or output biases, a RoPE type other than default
   and llama3, a partial rotary, ...) is refused, naming the key. A sliding window (Mistral's,
   Qwen2's) caps the model's context (model.n_positions) at the window, where it changes nothing.
-  Export writes qwen2 for a model with q/k/v biases, llama otherwise.
+  Export writes a fine-tune as the class of the folder it started from (its config.json travels
+  with the run), and a model trained here as qwen2 with q/k/v biases, llama otherwise.
 
 Weights are read from model.safetensors, pytorch_model.bin, or either one sharded with its index
 (model.safetensors.index.json). Reading needs only torch and safetensors; writing uses
@@ -321,11 +322,27 @@ def hf_config(shape, eot: int | None):
     return transformers.LlamaConfig(**keys, attention_bias=False, mlp_bias=False, architectures=["LlamaForCausalLM"])
 
 
-def write_folder(model: nn.Module, folder: Path, tokenizer, eot: int | None) -> None:
-    """A `transformers` folder of the model (GPT-2, Llama or Qwen2): config.json, model.safetensors
-    and, for a tokenizer.json run, the tokenizer's files (AutoTokenizer loads them): the files it
-    came with (tokenizer_config.json: special tokens, chat template) as they are, else a
-    tokenizer_config.json naming its end-of-text token."""
+def _source_config(source: bytes | None, arch: str) -> dict | None:
+    """The starting folder's config.json, if it is of the model's family, with float32 weights."""
+    if source is None:
+        return None
+    config = json.loads(source)
+    kind = config.get("model_type")
+    if (kind == "gpt2") != (arch == "gpt2") or kind not in ("gpt2", *LLAMA_TYPES):
+        return None
+    for key in ("torch_dtype", "dtype"):  # transformers 4's name, 5's
+        if key in config:
+            config[key] = "float32"
+    return config
+
+
+def write_folder(model: nn.Module, folder: Path, tokenizer, eot: int | None, source: bytes | None = None) -> None:
+    """A `transformers` folder of the model: config.json, model.safetensors and, for a tokenizer.json
+    run, the tokenizer's files (AutoTokenizer loads them): the files it came with
+    (tokenizer_config.json: special tokens, chat template) as they are, else a tokenizer_config.json
+    naming its end-of-text token. config.json is source's (the config.json of the folder a fine-tune
+    started from: its class, Mistral's sliding window, its token ids; the weights' dtype now
+    float32), else hf_config's: GPT-2, Llama or Qwen2."""
     try:
         from transformers import PreTrainedTokenizerFast
     except ImportError:
@@ -335,7 +352,11 @@ def write_folder(model: nn.Module, folder: Path, tokenizer, eot: int | None) -> 
     staging = folder.with_name(f".{folder.name}.partial")  # the folder appears complete or not at all
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    hf_config(model.shape, eot).save_pretrained(str(staging))
+    source_config = _source_config(source, model.shape.arch)
+    if source_config is not None:
+        (staging / "config.json").write_text(json.dumps(source_config, indent=2) + "\n", encoding="utf-8")
+    else:
+        hf_config(model.shape, eot).save_pretrained(str(staging))
     save_file(hf_state(model), str(staging / "model.safetensors"), metadata={"format": "pt"})
     if getattr(tokenizer, "companions", None):
         (staging / "tokenizer.json").write_bytes(tokenizer.json)

@@ -28,12 +28,16 @@ from .tokenizer import FOLDER, HFTokenizer, describe, identity, read_identity, r
 from .validation import evaluate_model
 
 
+SOURCE_CONFIG = "init_from/config.json"  # in a run directory and export/: the starting folder's config.json
+
+
 class Task(seam.Task):
     """Next-token prediction: windows of token ids, cross-entropy per token, perplexity and bits per byte."""
 
     def __init__(self, cfg: Config, device: torch.device):
         super().__init__(cfg, device)
         self.data: TokenData | None = None
+        self.source_config: bytes | None = None  # config.json of the folder a fine-tune started from
 
     def datasets(self) -> tuple[Dataset, Dataset]:
         """The training windows (by (epoch, index) keys) and the validation windows."""
@@ -49,8 +53,15 @@ class Task(seam.Task):
 
     def model_files(self) -> dict[str, bytes]:
         """The tokenizer (tokenizer/meta.json, and tokenizer/tokenizer.json for a BPE): generate and export
-        read it from the run directory, and a resume checks the data against it."""
-        return tokenizer_files(self.data.tokenizer)
+        read it from the run directory, and a resume checks the data against it. A fine-tune also keeps
+        the config.json of the folder it started from (init_from/config.json): `export --format hf`
+        writes the model as the class that folder held (Mistral stays Mistral), with its settings."""
+        files = tokenizer_files(self.data.tokenizer)
+        if self.source_config is None and self.cfg.model.init_from:
+            self.source_config = (Path(self.cfg.model.init_from) / "config.json").read_bytes()
+        if self.source_config is not None:
+            files[SOURCE_CONFIG] = self.source_config
+        return files
 
     def check_model_files(self, folder: Path) -> None:
         """Refuse data prepared with another tokenizer than the run in folder was trained with."""
@@ -67,6 +78,8 @@ class Task(seam.Task):
 
     def use_model_files(self, folder: Path) -> bool:
         """The vocabulary and the tokenizer from the run directory (or export folder) instead of the data."""
+        source = Path(folder) / SOURCE_CONFIG
+        self.source_config = source.read_bytes() if source.is_file() else None
         tokenizer = read_tokenizer(folder)
         if tokenizer is None:
             return False
@@ -162,7 +175,7 @@ class Task(seam.Task):
         """export --format hf: config.json, model.safetensors and, for a tokenizer.json run, the
         tokenizer's files, in folder/hf."""
         out = Path(folder) / fmt
-        hf.write_folder(model, out, self.data.tokenizer, self.data.tokenizer.eot)
+        hf.write_folder(model, out, self.data.tokenizer, self.data.tokenizer.eot, self.source_config)
         return out
 
     def export_example(self) -> tuple[tuple, tuple]:
