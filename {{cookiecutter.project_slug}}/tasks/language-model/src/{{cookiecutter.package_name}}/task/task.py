@@ -27,7 +27,6 @@ from .model import INIT_TYPES, ModelShape, architecture, init_module, lm_loss
 from .tokenizer import FOLDER, HFTokenizer, describe, identity, read_identity, read_tokenizer, tokenizer_files
 from .validation import evaluate_model
 
-
 SOURCE_CONFIG = "init_from/config.json"  # in a run directory and export/: the starting folder's config.json
 
 
