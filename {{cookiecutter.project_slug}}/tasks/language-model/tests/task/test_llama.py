@@ -192,8 +192,9 @@ def test_a_folder_gives_its_logits_exports_bit_for_bit_and_loads_back(tmp_path, 
     tied head not written, an embedding padded beyond the tokenizer, a sliding window capping the
     context): our logits equal transformers'. Written out again (export's writer), its tensors are the
     folder's bit for bit, under the same names, and load (with the configuration this project writes
-    for a model of its own: Llama, or Qwen2 for q/k/v biases) with the same logits. After training, `export --format hf` loads in
-    AutoModelForCausalLM as the folder's class with our logits, and AutoTokenizer loads the tokenizer with
+    for a model of its own: Llama, or Qwen2 for q/k/v biases) with the same logits. After training,
+    `export --format hf` loads in AutoModelForCausalLM as the folder's class with our logits, and
+    AutoTokenizer loads the tokenizer with
     its end token and chat template; generate samples only the tokenizer's ids, cached as uncached."""
     model_type, keys, padding, shards, v4 = FOLDERS[case]
     folder, data, corpus = tmp_path / "folder", tmp_path / "data", tmp_path / "corpus.txt"
