@@ -134,9 +134,9 @@ class Task(seam.Task):
                     f"model.init_from={str(folder)!r} comes with the tokenizer {describe(theirs)}, but the data was "
                     f"prepared with {describe(ours)}: {again}"
                 )
-        elif hf.read_config(folder)["vocab_size"] != self.data.vocab_size:
+        elif (vocab := hf.read_config(folder)["vocab_size"]) != self.data.vocab_size:
             raise DataError(
-                f"model.init_from={str(folder)!r} has a vocabulary of {hf.read_config(folder)['vocab_size']} tokens, "
+                f"model.init_from={str(folder)!r} has a vocabulary of {vocab} tokens, "
                 f"the data's tokenizer {self.data.vocab_size}: {again}"
             )
         return hf.read_weights(folder)
