@@ -62,7 +62,8 @@ ONE_PROCESS = [*RESUMABLE, "data.loader=workers", "data.num_workers=2", "trainer
 TWO_PROCESSES = [*RESUMABLE, "data.loader=device", "trainer.max_epochs=8"]  # 3 steps per epoch: 192 samples / (2 x 32)
 
 # Runs training with a fault injected right after optimizer step FAULT_STEP on rank FAULT_RANK,
-# only in a process's first life (torchrun sets TORCHELASTIC_RESTART_COUNT on restarts).
+# only in a process's first life (torchrun sets TORCHELASTIC_RESTART_COUNT on restarts); FAULT=none
+# injects nothing. STEP_PAUSE_S pauses after every step (a run that must outlast a reaction time).
 DRIVER = """
 import os, signal, sys, time
 import torch
@@ -72,9 +73,10 @@ real_step = torch.optim.lr_scheduler.LambdaLR.step
 
 def step_then_fault(self, *args, **kwargs):
     real_step(self, *args, **kwargs)
+    time.sleep(float(os.environ.get("STEP_PAUSE_S", "0")))
     first_life = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     mine = os.environ.get("RANK", "0") == os.environ.get("FAULT_RANK", "0")
-    if first_life and mine and self.last_epoch == int(os.environ["FAULT_STEP"]):
+    if os.environ["FAULT"] != "none" and first_life and mine and self.last_epoch == int(os.environ["FAULT_STEP"]):
         if os.environ["FAULT"] == "die":
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(600)  # hang
@@ -300,12 +302,18 @@ def test_sigterm_to_torchrun_stops_cleanly_in_time_and_resumes_exactly(tiny, run
 
 @pytest.mark.slow
 @pytest.mark.core  # signals, restarts and peers: the same for every task
-def test_workers_stop_cleanly_when_torchrun_is_killed_and_a_restart_resumes_exactly(tiny, run_dir, references):
+def test_workers_stop_cleanly_when_torchrun_is_killed_and_a_restart_resumes_exactly(
+    tiny, run_dir, tmp_path, references
+):
     """SIGKILL to torchrun alone: its workers notice within seconds, stop as SIGTERM stops them (one
-    checkpoint, exit 75), and the same command, started at once, resumes and ends bit-exact."""
+    checkpoint, exit 75), and the same command, started at once, resumes and ends bit-exact. Steps
+    pause 0.2 s in the first run: unpaused, the 22 steps left after the kill took 0.7 s, less than
+    the launcher check's period (1 s), and the run could end before its workers noticed."""
     args = [*tiny, *SETUPS["ddp"][1]]
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
     with adopting_orphans():
-        process = start(2, args)
+        process = start(2, args, script=script, FAULT="none", FAULT_STEP="0", STEP_PAUSE_S="0.2")
         wait_for_checkpoint(run_dir, process, step=2)
         workers = process_tree(process.pid)[1:]
         assert len(workers) == 2, workers
