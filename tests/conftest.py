@@ -6,6 +6,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -121,6 +123,59 @@ def run_baked_tests(
     }
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
     return run(command, cwd=project, env=env, timeout=timeout)
+
+
+# Commands a test module checks the outcome of, started in the background when the session starts:
+# a test module's BACKGROUND maps a fixture name to a function that, given a work directory, returns
+# the command. Each runs at the lowest CPU priority (nice 19), so it takes only what the foreground
+# tests leave idle (about 0.8 of 2 cores over a template run, whose suites are mostly one busy
+# process) and slows them hardly at all; the fixture's tests wait for it. The benchmark's quick
+# check (2-3 minutes alone) costs the template run almost nothing this way. Its timings are not
+# read: --quick checks that every figure is produced and consistent, not how fast.
+_background: dict[str, tuple[subprocess.Popen, Path]] = {}
+
+
+def pytest_collection_finish(session):
+    """Start the BACKGROUND commands the selected tests use, once each."""
+    for item in session.items:
+        commands = getattr(getattr(item, "module", None), "BACKGROUND", {})
+        for name in sorted(set(commands) & set(getattr(item, "fixturenames", ()))):
+            if name not in _background:
+                _start_in_background(name, commands[name])
+
+
+def pytest_sessionfinish(session):
+    """Stop what is still running in the background and remove its work directories."""
+    while _background:
+        process, work = _background.popitem()[1]
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _start_in_background(name: str, command: Callable[[Path], list]) -> None:
+    work = Path(tempfile.mkdtemp(prefix=f"template-{name}-"))
+    with open(work / "stdout", "w") as stdout, open(work / "stderr", "w") as stderr:
+        process = subprocess.Popen(
+            ["nice", "-n", "19", *map(str, command(work))],
+            cwd=work,
+            env={**os.environ, "PYTHON": sys.executable},
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+        )
+    _background[name] = (process, work)
+
+
+def background_result(name: str, command: Callable[[Path], list], timeout: float) -> tuple:
+    """(return code, stdout, stderr, work directory) of a BACKGROUND command, waiting for it
+    (started now if the session did not: a test selected on its own)."""
+    if name not in _background:
+        _start_in_background(name, command)
+    process, work = _background[name]
+    code = process.wait(timeout=timeout)
+    return code, (work / "stdout").read_text(), (work / "stderr").read_text(), work
 
 
 @pytest.fixture(scope="session")

@@ -3,13 +3,13 @@
 import importlib.util
 import json
 import math
-import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, background_result
 
 FIGURES = [
     *(f"step_s/{m}/{c}" for m in ("mlp", "resnet18") for c in ("generated", "raw", "lightning")),
@@ -60,15 +60,36 @@ FIGURES = [
 ]
 
 
+def quick_check(work: Path) -> list:
+    """One short repetition of every benchmark: a correctness check, not timings."""
+    return [sys.executable, ROOT / "bench" / "run.py", "--quick", "--json", work / "cpu.json"]
+
+
+def gpu_check(work: Path) -> list:
+    """The GPU benchmark's cases, briefly on the CPU."""
+    return ["bash", ROOT / "bench" / "gpu.sh", "--cpu-check", "--json", work / "gpu.json"]
+
+
+# Both start niced when the session starts and run while other tests do (conftest.py).
+BACKGROUND = {"quick": quick_check, "gpu_cpu_check": gpu_check}
+
+
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
+def quick():
     """One quick benchmark run: its stdout and its JSON results."""
     pytest.importorskip("lightning")
-    out = tmp_path_factory.mktemp("bench") / "cpu.json"
-    command = [sys.executable, str(ROOT / "bench" / "run.py"), "--quick", "--json", str(out)]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return done.stdout, json.loads(out.read_text())
+    code, stdout, stderr, work = background_result("quick", quick_check, timeout=1800)
+    assert code == 0, stdout[-2000:] + stderr[-3000:]
+    return stdout, json.loads((work / "cpu.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def gpu_cpu_check():
+    """bench/gpu.sh --cpu-check: its stdout and its JSON results."""
+    pytest.importorskip("tokenizers")
+    code, stdout, stderr, work = background_result("gpu_cpu_check", gpu_check, timeout=1800)
+    assert code == 0, stdout[-2000:] + stderr[-3000:]
+    return stdout, json.loads((work / "gpu.json").read_text())
 
 
 def test_every_figure_is_printed_as_a_name_value_line(quick):
@@ -183,20 +204,12 @@ def test_report_rewrites_only_the_marked_section_and_draws_the_plot(quick, tmp_p
         sys.path.remove(str(ROOT / "bench"))
 
 
-def test_gpu_benchmark_runs_every_case_and_counts_model_flops(tmp_path):
+def test_gpu_benchmark_runs_every_case_and_counts_model_flops(gpu_cpu_check):
     """bench/gpu.sh --cpu-check runs every case briefly on the CPU (the GPU itself is not here):
     each case's figures are finite, the FLOPs per sample are counted from the project's own models
     (its ResNet-18 at 32x32: 0.28 GFLOP forward, 3x that with backward; a transformer: 6N plus
     attention per token), and report.py renders the results."""
-    pytest.importorskip("tokenizers")
-    out = tmp_path / "gpu.json"
-    command = ["bash", str(ROOT / "bench" / "gpu.sh"), "--cpu-check", "--json", str(out)]
-    env = {**os.environ, "PYTHON": sys.executable}
-    done = subprocess.run(
-        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    results = json.loads(out.read_text())
+    stdout, results = gpu_cpu_check
     spec = importlib.util.spec_from_file_location("gpu", ROOT / "bench" / "gpu.py")
     gpu = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu)
@@ -205,7 +218,7 @@ def test_gpu_benchmark_runs_every_case_and_counts_model_flops(tmp_path):
         for key in ("samples_per_s", "step_time_ms", "tflops", "mfu_of_matmul_ceiling"):
             assert math.isfinite(case[key]) and case[key] > 0, (name, key, case[key])
         assert 0 <= case["data_wait"] <= 1, (name, case)
-        assert f"gpu/{name}/samples_per_s: " in done.stdout
+        assert f"gpu/{name}/samples_per_s: " in stdout
         if name.startswith("resnet18_32px"):
             # The small-input stem (3x3, stride 1) keeps the max-pool: a quarter of the CIFAR
             # ResNet-18's 1.11 GFLOP forward; backward costs about twice the forward.
