@@ -26,6 +26,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from .parallel import distributed
 from .torch_private import unwrap
 
 
@@ -43,9 +44,7 @@ def averaged_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
     """This process's part of a tensor: a DTensor's local shard, a plain tensor itself."""
-    from torch.distributed.tensor import DTensor
-
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if distributed.is_dtensor(tensor) else tensor
 
 
 class WeightAverage:
@@ -135,10 +134,8 @@ def _reshard(model: nn.Module) -> None:
     FSDP keeps the root module's parameters gathered after a forward without gradients (validation);
     swapping the shards under them would leave the other weights in use.
     """
-    from torch.distributed.fsdp import FSDPModule
-
     for module in model.modules():
-        if isinstance(module, FSDPModule):
+        if distributed.is_fsdp(module):
             module.reshard()
 
 

@@ -269,7 +269,8 @@ class Run:
         """One optimizer step, and its train/loss line every trainer.log_every steps."""
         progress = self.state.progress
         self.profiler.before_step(progress.step + 1)
-        result = train_step(self.state, batches, self.task.loss, self.cfg.trainer, self.plan.global_micro)
+        tcfg, task = self.cfg.trainer, self.task
+        result = train_step(self.state, batches, task.loss, tcfg, self.plan.global_micro, task.loss_weight)
         self.profiler.after_step(progress.step)
         self.perf.samples, self.perf.steps = self.perf.samples + result.samples, self.perf.steps + 1
         self.state.poll_save()  # an asynchronous save is committed once every rank wrote it

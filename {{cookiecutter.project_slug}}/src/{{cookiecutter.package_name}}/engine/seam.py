@@ -107,6 +107,7 @@ class Task(abc.ABC):
         train_set, val_set = task.datasets()        # also learns what the model's shape depends on
         model = task.build_model(device, shard)     # on that device, initialised from run.seed; shard: FSDP
         loss, samples = task.loss(model, batch)     # one micro-batch: to the device, forward, loss
+        weight = task.loss_weight(batch)            # optional: what that loss is a mean over
         metrics = task.validate(model, loader)      # exact over every process; SPEC.metrics among them
         args, shapes = task.export_example()        # the model's input and its dynamic dimensions
 
@@ -130,6 +131,13 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, int]:
         """The mean loss of one micro-batch (moved to self.device here) and its number of samples."""
+
+    def loss_weight(self, batch) -> int | None:
+        """What loss(model, batch)'s mean is taken over (its counted targets, say), when an optimizer step should
+        weigh its micro-batches by it: the engine then scales each micro-batch's loss by its share of the
+        step's total over every micro-batch and process, so that accumulation and processes give one large
+        batch's update. None (the default): every micro-batch weighs 1 / grad_accum_steps."""
+        return None
 
     @abc.abstractmethod
     def validate(self, model: nn.Module, loader: DataLoader) -> dict:

@@ -5,6 +5,12 @@
         (loss / grad_accum_steps).backward()     # all-reduced on the last one only
     clip; step (skipped on the device when the gradient norm is not finite); scheduler.step()
 
+With a weight per micro-batch (weight_fn: what its mean loss is taken over, e.g. its counted
+targets when a task masks some), each loss is scaled by its share of the step's total weight over
+all micro-batches and processes instead of by 1 / grad_accum_steps: the update is then that of one
+large batch however the counted targets fall into micro-batches and processes (a mean of
+micro-batch means would weigh a target in a sparse micro-batch more).
+
 loss_fn(model, batch) -> (mean loss of the batch, samples in it) moves the batch to the device and
 runs the model; it is the only part that knows what is trained, so a test can call train_step
 with its own.
@@ -13,6 +19,7 @@ with its own.
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -48,6 +55,24 @@ def train_mode(model: nn.Module) -> None:
 
 
 LossFn = Callable[[nn.Module, object], tuple[torch.Tensor, int]]
+WeightFn = Callable[[object], "int | None"]
+
+
+def loss_weights(micro_batches: Iterable, weight_fn: WeightFn | None, device: torch.device) -> tuple:
+    """(the micro-batches, each one's weight, world size / the step's weight summed over every micro-batch and
+    process). A micro-batch's mean loss x its weight x that factor is its share of the step's mean (x world
+    size: DDP and FSDP average gradients over processes). The sum is one all-reduce of one number, kept on
+    the device (no host sync); the step's micro-batches are loaded before the first forward to count them.
+    Without weights (weight_fn None, or None for the first micro-batch): (the micro-batches, [], None),
+    still streamed."""
+    batches = iter(micro_batches)
+    first = next(batches, None)
+    if first is None or weight_fn is None or weight_fn(first) is None:
+        return itertools.chain([] if first is None else [first], batches), [], None
+    batches = [first, *batches]
+    weights = [weight_fn(batch) for batch in batches]
+    total = distributed.all_reduce_sum(torch.tensor(float(sum(weights)), dtype=torch.float64, device=device))
+    return batches, weights, (distributed.world_size() / total.clamp(min=1)).float()
 
 
 @dataclass
@@ -58,24 +83,34 @@ class StepResult:
 
 
 def train_step(
-    state: TrainState, micro_batches: Iterable, loss_fn: LossFn, tcfg: TrainerConfig, global_micro: int
+    state: TrainState,
+    micro_batches: Iterable,
+    loss_fn: LossFn,
+    tcfg: TrainerConfig,
+    global_micro: int,
+    weight_fn: WeightFn | None = None,
 ) -> StepResult:
     """One optimizer step over tcfg.grad_accum_steps micro-batches (global_micro samples each, all processes)."""
     model, optimizer, scaler, progress = state.model, state.optimizer, state.scaler, state.progress
     accum, samples = tcfg.grad_accum_steps, 0
+    batches, weights, per_weight = loss_weights(micro_batches, weight_fn, state.device)
     optimizer.zero_grad(set_to_none=True)
-    for micro, batch in enumerate(micro_batches):
+    for micro, batch in enumerate(batches):
         with distributed.gradient_sync(model, enabled=micro == accum - 1):  # one all-reduce per step
             with autocast(state.device, tcfg.precision):
                 loss, n = loss_fn(model, batch)
             try:
-                scaler.scale(loss / accum if accum > 1 else loss).backward()
+                if weights:
+                    scaled = loss * (per_weight * weights[micro])
+                else:
+                    scaled = loss / accum if accum > 1 else loss
+                scaler.scale(scaled).backward()
             except RuntimeError as err:
                 if not tcfg.detect_anomaly:
                     raise
                 reason = str(err).strip().splitlines()[0]  # names the backward op; the warning shows where
                 raise Diverged(f"autograd anomaly at step {progress.step + 1}: {reason}") from None
-        state.running.update(loss, n)  # stays on the device: no host sync per step
+        state.running.update(loss, weights[micro] if weights else n)  # stays on the device: no host sync per step
         samples += n
         progress.samples_done += global_micro
     scaler.unscale_(optimizer)  # true gradients for the norm (a no-op unless fp16)

@@ -19,19 +19,22 @@ import os
 import pickle
 import platform
 import re
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from ..config import Config, ConfigError
 from ..torch_private import forget_mesh_groups, uncompiled
 from . import recompute
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 log = logging.getLogger(__name__)
 
@@ -273,6 +276,11 @@ def shard_model(
     replicate > 1 is HSDP: a 2-D mesh that shards within groups of world_size / replicate
     processes and replicates across the replicate groups. recompute_activations: activation
     checkpointing per block, set up before the blocks are sharded."""
+    # Imported here, not at the top: FSDP (and DTensor, sympy with it) take half a second to import,
+    # which every process of a run without FSDP would pay at start.
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
     if replicate > 1:
         shape = (replicate, env.world_size // replicate)
         mesh = init_device_mesh(env.device.type, shape, mesh_dim_names=("replicate", "shard"))
@@ -300,10 +308,23 @@ def shard_model(
     return model
 
 
+def is_fsdp(module: nn.Module) -> bool:
+    """Whether module is sharded by FSDP2 (False, without importing FSDP, when nothing imported it: no
+    module can be sharded then)."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(module, fsdp.FSDPModule)
+
+
+def is_dtensor(tensor: torch.Tensor) -> bool:
+    """Whether tensor is a DTensor (a shard of FSDP2's), likewise without importing DTensor."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
+
+
 def gradient_sync(model: nn.Module, enabled: bool):
     """Context for one micro-batch: with enabled=False, gradients are not all-reduced (accumulation)."""
     inner = uncompiled(model)
-    if isinstance(inner, FSDPModule):
+    if is_fsdp(inner):
         inner.set_requires_gradient_sync(enabled)
     elif isinstance(inner, DistributedDataParallel) and not enabled:
         return inner.no_sync()
@@ -322,7 +343,7 @@ def broadcast_buffers(model: nn.Module, ddp: bool = False) -> None:
     after the step, which must be rank 0's for the ranks to agree and a resume to be exact).
     """
     inner = uncompiled(model)
-    if not (isinstance(inner, FSDPModule) or (ddp and isinstance(inner, DistributedDataParallel))):
+    if not (is_fsdp(inner) or (ddp and isinstance(inner, DistributedDataParallel))):
         return
     buffers = [b for b in model.buffers() if b.is_floating_point()]
     if buffers:

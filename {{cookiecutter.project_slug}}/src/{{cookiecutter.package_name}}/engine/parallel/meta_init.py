@@ -18,7 +18,8 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
+
+from . import distributed
 
 
 def module_seed(seed: int, name: str) -> int:
@@ -55,7 +56,9 @@ def _whole(module: nn.Module):
 
 def copy_into(real: torch.Tensor, whole: torch.Tensor) -> None:
     """Copy whole values into a tensor, or into this process's shard of a sharded one."""
-    if isinstance(real, DTensor):
+    if distributed.is_dtensor(real):  # a shard: this process's part of the whole values
+        from torch.distributed.tensor import distribute_tensor
+
         mine = distribute_tensor(whole, real.device_mesh, real.placements, src_data_rank=None).to_local()
         real.to_local().copy_(mine)
     else:

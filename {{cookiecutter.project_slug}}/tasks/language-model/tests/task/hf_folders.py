@@ -43,9 +43,9 @@ def transformers_model(model_type: str, keys: dict, vocab_size: int):
     return model, config
 
 
-def bpe_tokenizer(folder, corpus_file):
+def bpe_tokenizer(folder, corpus_file, chat_template: str = CHAT_TEMPLATE):
     """A byte-level BPE tokenizer trained on CORPUS (written to corpus_file), saved in folder as
-    tokenizer.json with a tokenizer_config.json naming <|endoftext|> its end and CHAT_TEMPLATE its
+    tokenizer.json with a tokenizer_config.json naming <|endoftext|> its end and chat_template its
     chat template (what save_pretrained of a fast tokenizer writes). Returns the tokenizer."""
     import tokenizers
     import transformers
@@ -61,7 +61,7 @@ def bpe_tokenizer(folder, corpus_file):
     )
     tokenizer.train([str(corpus_file)], trainer)
     fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>")
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     fast.save_pretrained(str(folder))
     return tokenizer
 

@@ -45,9 +45,13 @@ def rope_frequencies(head_dim: int, rope: Rope, device: torch.device | None = No
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [time, head_dim] of each position's angles, the half-frequencies repeated (rotate_half's layout)."""
-    angles = positions.float()[:, None] * inv_freq[None, :]
+    """cos and sin of each position's angles, the half-frequencies repeated (rotate_half's layout):
+    [time, head_dim] for positions [time], [batch, 1, time, head_dim] for positions [batch, time]
+    (packed sequences, whose positions restart at each document)."""
+    angles = positions.float()[..., None] * inv_freq
     angles = torch.cat((angles, angles), dim=-1)
+    if positions.dim() == 2:
+        angles = angles[:, None]
     return angles.cos(), angles.sin()
 
 
@@ -88,6 +92,19 @@ class KVCache:
         self.length += tokens
 
 
+def packed(documents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For sequences packed from several documents (documents [batch, time]: each position's document
+    number, the same number never twice apart), each position's place in its document [batch, time]
+    and the attention mask [batch, 1, time, time]: a query sees the keys of its own document up to
+    itself, never another document's."""
+    index = torch.arange(documents.shape[1], device=documents.device)
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    first = torch.cummax(torch.where(starts, index, 0), dim=1).values  # where each position's document starts
+    same = documents[:, :, None] == documents[:, None, :]
+    return index - first, (same & (index[None, :] <= index[:, None]))[:, None]
+
+
 def attend(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -95,17 +112,21 @@ def attend(
     dropout: float = 0.0,
     cache: KVCache | None = None,
     layer: int = 0,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention, q [batch, n_head, time, head_dim] over k, v [batch, n_kv_head, time, head_dim]
     (n_kv_head divides n_head: each key/value head serves n_head / n_kv_head query heads, in SDPA).
 
     With a cache, k and v are appended to the held ones and each new query attends to every held
-    position and to the new ones up to its own."""
+    position and to the new ones up to its own. With a mask (packed documents: `packed`), a query
+    attends where the mask is True."""
+    gqa = k.shape[1] != q.shape[1]
+    if mask is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, enable_gqa=gqa)
     held = 0
     if cache is not None:
         held = cache.length
         k, v = cache.update(layer, k, v)
-    gqa = k.shape[1] != q.shape[1]
     time = q.shape[2]
     if held == 0:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=gqa)

@@ -7,6 +7,12 @@ window by an offset drawn from (seed, epoch): which tokens a sample holds depend
 index) only, so a resumed run reads exactly what an uninterrupted one would, and the token stream
 is the same for any number of processes. Validation cuts the validation split into consecutive
 windows so that every token after the first is predicted exactly once.
+
+Conversations (`prepare --chat`) are packed instead: whole conversations, first-fit in an order
+drawn from run.seed, into sequences of data.seq_len positions (Packs); each item holds the inputs,
+the targets (IGNORE where the mask does not train them, and after a sequence's last document), and
+each position's document number, from which the model restarts positions and keeps attention
+within a document. A conversation longer than data.seq_len + 1 tokens is left out, and counted.
 """
 
 from __future__ import annotations
@@ -210,6 +216,71 @@ class DeviceWindows:
         return self.tokens[clamped[:, None] + self.span].long(), starts - clamped
 
 
+def first_fit(lengths: np.ndarray, capacity: int) -> list[list[int]]:
+    """Items (their indices, in the order given) packed first-fit into bins of `capacity`: each item goes into
+    the first bin with room for it, found in a segment tree of the bins' room (log time per item)."""
+    size = 1 << max(len(lengths) - 1, 0).bit_length()
+    room = np.full(2 * size, capacity, dtype=np.int64)  # leaf size + b: bin b's room; a node: its children's most
+    bins: list[list[int]] = []
+    for item, length in enumerate(lengths.tolist()):
+        node = 1
+        while node < size:
+            node = 2 * node if room[2 * node] >= length else 2 * node + 1
+        index = node - size
+        if index == len(bins):
+            bins.append([])
+        bins[index].append(item)
+        room[node] -= length
+        node //= 2
+        while node:
+            room[node] = max(room[2 * node], room[2 * node + 1])
+            node //= 2
+    return bins
+
+
+class Packs(Dataset):
+    """Conversations packed whole into sequences of seq_len positions, first-fit in an order drawn from seed
+    (validation: in file order, seed None). Item: int64 [3, seq_len], the inputs, the targets (IGNORE where
+    not trained) and each position's document number (the positions after the last document are one more
+    document, all IGNORE). Training takes the (epoch, index) keys of the sampler, validation indices."""
+
+    def __init__(self, tokens: Tokens, trained: Tokens, ends: np.ndarray, seq_len: int, seed: int | None):
+        self.tokens, self.trained, self.seq_len = tokens, trained, seq_len
+        self.starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+        self.ends = ends.astype(np.int64)
+        positions = self.ends - self.starts - 1  # a conversation of n tokens fills n - 1 positions
+        fits = (positions >= 1) & (positions <= seq_len)
+        self.left_out = int((positions > seq_len).sum())
+        order = np.flatnonzero(fits)
+        if seed is not None:
+            order = np.random.default_rng(seed).permutation(order)
+        self.packs = [order[bin_] for bin_ in first_fit(positions[order], seq_len)]
+        if not self.packs:
+            raise DataError(
+                f"no conversation fits data.seq_len={seq_len} (+1): {self.left_out} are longer; raise data.seq_len"
+            )
+
+    def __len__(self) -> int:
+        return len(self.packs)
+
+    def __getitem__(self, key) -> torch.Tensor:
+        index = key[1] if isinstance(key, tuple) else key
+        item = np.zeros((3, self.seq_len), dtype=np.int64)
+        item[1] = IGNORE
+        done = 0
+        for number, document in enumerate(self.packs[index]):
+            start, end = self.starts[document], self.ends[document]
+            ids = self.tokens.read(start, end).astype(np.int64)
+            trained = self.trained.read(start + 1, end).astype(bool)
+            length = end - start - 1
+            item[0, done : done + length] = ids[:-1]
+            item[1, done : done + length] = np.where(trained, ids[1:], IGNORE)
+            item[2, done : done + length] = number
+            done += length
+        item[2, done:] = len(self.packs[index])
+        return torch.from_numpy(item)
+
+
 @dataclass
 class TokenData:
     """What the model and the metrics need to know about the data."""
@@ -218,10 +289,12 @@ class TokenData:
     bytes_per_token: float  # of the validation split's text: turns nats per token into bits per byte
     loss_floor: float | None  # the synthetic source's entropy rate; None for real text
     tokenizer: object
+    chat: dict | None = None  # meta.json's chat entry for prepare --chat data
 
 
-def build_datasets(cfg: DataConfig, seed: int) -> tuple[TrainWindows, ValWindows, TokenData]:
-    """The training windows (by (epoch, index) keys), the validation windows, and what they hold."""
+def build_datasets(cfg: DataConfig, seed: int) -> tuple[TrainWindows | Packs, ValWindows | Packs, TokenData]:
+    """The training windows (by (epoch, index) keys), the validation windows, and what they hold; for
+    prepare --chat data, packed conversations."""
     if cfg.name == "synthetic":
         source = MarkovSource(cfg.vocab_size, cfg.order, cfg.concentration, cfg.context_concentration)
         train = Tokens(source.sample(cfg.train_tokens, streams=64, seed=DATA_SEED + 1))
@@ -242,8 +315,30 @@ def build_datasets(cfg: DataConfig, seed: int) -> tuple[TrainWindows, ValWindows
                 )
         tokenizer = ByteTokenizer() if meta["tokenizer"] == "bytes" else HFTokenizer(root / meta["tokenizer"])
         bytes_per_token = meta["val"]["bytes"] / max(meta["val"]["tokens"], 1)
-        info = TokenData(meta["vocab_size"], bytes_per_token, None, tokenizer)
+        info = TokenData(meta["vocab_size"], bytes_per_token, None, tokenizer, meta.get("chat"))
+        if info.chat is not None:
+            train_set, val_set = (
+                Packs(tokens, _masks(root, meta, split), _ends(root, meta, split), cfg.seq_len, split_seed)
+                for split, tokens, split_seed in (("train", train, seed), ("val", val, None))
+            )
+            return train_set, val_set, info
     return TrainWindows(train, cfg.seq_len, seed), ValWindows(val, cfg.seq_len), info
+
+
+def _masks(root: Path, meta: dict, split: str) -> Tokens:
+    masks = Tokens(paths=[root / name for name in meta[split]["mask_files"]], dtype="uint8")
+    if len(masks) != meta[split]["tokens"]:
+        raise DataError(
+            f"data.root={str(root)!r}: the {split} mask files do not match its token files; run prepare again"
+        )
+    return masks
+
+
+def _ends(root: Path, meta: dict, split: str) -> np.ndarray:
+    ends = np.fromfile(root / meta[split]["ends"], dtype=np.int64)
+    if len(ends) != meta[split]["documents"] or (len(ends) and ends[-1] != meta[split]["tokens"]):
+        raise DataError(f"data.root={str(root)!r}: {meta[split]['ends']} does not match meta.json; run prepare again")
+    return ends
 
 
 META_KEYS = ("format", "tokenizer", "vocab_size", "dtype", "train", "val")
@@ -265,6 +360,8 @@ def read_meta(root: Path) -> dict:
         files = meta[split].setdefault("files", [f"{split}.bin"]) if isinstance(meta[split], dict) else None
         if not isinstance(files, list) or not all(isinstance(f, str) and "/" not in f for f in files):
             raise DataError(f"{path}: {split}.files must be a list of file names in data.root")
+        if "chat" in meta:  # prepare --chat: the masks and where each conversation ends
+            files = [*files, *meta[split].get("mask_files", []), meta[split].get("ends", f"{split}_ends.bin")]
         missing = [name for name in files if not (root / name).is_file()]
         if missing:
             raise DataError(f"data.root={str(root)!r}: {missing[0]} is missing; run prepare again")

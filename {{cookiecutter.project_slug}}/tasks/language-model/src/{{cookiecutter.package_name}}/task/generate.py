@@ -2,6 +2,8 @@
 
     python -m PACKAGE.generate run.output_dir=runs/demo --prompt "def " --max-new-tokens 200
     python -m PACKAGE.generate --checkpoint runs/demo/checkpoints/step_00000600.pt --temperature 0.8 --top-k 40
+    python -m PACKAGE.generate run.output_dir=runs/sft --chat --prompt "what is 17+25?" --temperature 0
+    python -m PACKAGE.generate run.output_dir=runs/sft --chat [--system TEXT]   # turns from stdin, one a line
 
 The model is rebuilt from the checkpoint as for evaluate (restore.py): the checkpoint gives the
 model's and the data's shape only. The tokenizer is the one the run saved in its directory
@@ -10,6 +12,12 @@ from data.root, the directory prepare wrote: pass data.root=DIR when it is not .
 greedy; --top-k K keeps the K likeliest tokens (0: all); --seed makes a sample repeatable; --no-cache
 recomputes the whole window for every token (the same tokens, slower: for comparison). Prints
 the prompt followed by the generated text. Errors are one `error: ...` line: exit 2 for bad input.
+
+--chat: the prompt is a user's turn (after --system's, if given), rendered with the run's chat
+template (its tokenizer's, or ChatML: task/chat.py) and the generation prompt, tokenized as training
+tokenized conversations; the answer stops at the template's end of turn (or after
+--max-new-tokens) and is printed alone. Without --prompt, each line read from stdin is a user's
+turn, answered in turn, the conversation kept.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from ..engine import PACKAGE, cli
 from ..engine.ckpt.restore import beside, load_model_weights, restore_trained
 from ..engine.errors import ConfigError
 from .blocks import KVCache
+from .chat import ChatTemplate
 from .task import Task
 
 
@@ -39,6 +48,7 @@ def sample(
     generator: torch.Generator | None = None,
     cache: bool = True,
     vocab: int | None = None,
+    stop=None,
 ) -> list[int]:
     """Extend prompt by max_new_tokens ids, each predicted from the last seq_len ids.
 
@@ -46,7 +56,8 @@ def sample(
     the earlier ones kept (blocks.KVCache); without, every step runs the whole window again. Both
     give the same tokens. Once the sequence is longer than seq_len, each step runs the last seq_len
     ids afresh, as the model was trained (positions from 0), so the cache serves the first seq_len.
-    vocab: the tokenizer's ids, below the embedding's padded rows (None: every row), the only ones picked."""
+    vocab: the tokenizer's ids, below the embedding's padded rows (None: every row), the only ones picked.
+    stop(new ids) -> True ends the sample early (after the token that made it true)."""
     model.eval()
     device = next(model.parameters()).device
     ids = torch.tensor([prompt], dtype=torch.long, device=device)
@@ -55,7 +66,7 @@ def sample(
     for step in range(max_new_tokens):
         next_id = _pick(logits, temperature, top_k, generator)
         ids = torch.cat([ids, next_id], dim=1)
-        if step == max_new_tokens - 1:
+        if step == max_new_tokens - 1 or (stop is not None and stop(ids[0, len(prompt) :].tolist())):
             break
         if kv is not None and ids.shape[1] <= seq_len:
             logits = model(next_id, kv)[:, -1, :vocab].float()
@@ -89,6 +100,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-cache", action="store_true")
+    parser.add_argument("--chat", action="store_true")
+    parser.add_argument("--system", default=None)
     options, rest = parser.parse_known_args(argv)
     if options.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens={options.max_new_tokens} must be at least 1")
@@ -97,9 +110,51 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return options, rest
 
 
+class Chat:
+    """Answers to a conversation with the run's chat template: ids as training cut them, sampling until the
+    template's end of turn."""
+
+    def __init__(self, tokenizer, sampler):
+        self.tokenizer, self.sampler = tokenizer, sampler
+        self.template = ChatTemplate.of(tokenizer)
+        self.end = self.template.end_of_turn()
+        marker = tokenizer.encode(self.end) if self.end else []
+        self.end_id = marker[0] if len(marker) == 1 else None  # a special token: stop on its id
+
+    def ended(self, ids: list[int]) -> bool:
+        if self.end_id is not None:
+            return ids[-1] == self.end_id
+        return bool(self.end) and self.end in self.tokenizer.decode(ids)
+
+    def answer(self, messages: list[dict]) -> str:
+        prompt = [i for segment in self.template.prompt(messages) for i in self.tokenizer.encode(segment.text)]
+        new = self.sampler(prompt, self.ended)
+        if self.end_id is not None and new and new[-1] == self.end_id:
+            new = new[:-1]
+        text = self.tokenizer.decode(new)
+        return text.split(self.end, 1)[0] if self.end else text
+
+
 def generate(argv: list[str]) -> tuple[str, str]:
-    """The prompt and the generated text for the command line's checkpoint and options."""
+    """The prompt and the generated text for the command line's checkpoint and options (--chat: the
+    answer alone after an empty prompt)."""
     options, rest = parse(argv)
+    tokenizer, sampler = _sampler(rest, options)
+    if options.chat:
+        system = [{"role": "system", "content": options.system}] if options.system else []
+        return "", Chat(tokenizer, sampler).answer([*system, {"role": "user", "content": options.prompt}])
+    prompt = tokenizer.encode(options.prompt)
+    if not prompt:  # start a new document, or from a token drawn with the seed
+        start = tokenizer.eot
+        if start is None:
+            seeded = torch.Generator().manual_seed(options.seed)
+            start = int(torch.randint(tokenizer.vocab_size, (1,), generator=seeded))
+        prompt = [start]
+    return options.prompt, tokenizer.decode(sampler(prompt, None))
+
+
+def _sampler(rest: list[str], options: argparse.Namespace):
+    """The run's tokenizer, and sample(prompt ids, stop) with the checkpoint's model and the options."""
     cfg, path, state = restore_trained(rest, f"{PACKAGE}.generate")
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu")
     task = Task(cfg, device)
@@ -110,26 +165,22 @@ def generate(argv: list[str]) -> tuple[str, str]:
     load_model_weights(model, state, path)
     model.to(device)
     generator = torch.Generator(device).manual_seed(options.seed)
-    prompt = tokenizer.encode(options.prompt)
-    if not prompt:  # start a new document, or from a token drawn with the seed
-        start = tokenizer.eot
-        if start is None:
-            start = int(
-                torch.randint(task.data.vocab_size, (1,), generator=torch.Generator().manual_seed(options.seed))
-            )
-        prompt = [start]
-    new = sample(
-        model,
-        prompt,
-        options.max_new_tokens,
-        cfg.data.seq_len,
-        options.temperature,
-        options.top_k,
-        generator,
-        cache=not options.no_cache,
-        vocab=task.data.vocab_size,
-    )
-    return options.prompt, tokenizer.decode(new)
+
+    def sampler(prompt: list[int], stop) -> list[int]:
+        return sample(
+            model,
+            prompt,
+            options.max_new_tokens,
+            cfg.data.seq_len,
+            options.temperature,
+            options.top_k,
+            generator,
+            cache=not options.no_cache,
+            vocab=task.data.vocab_size,
+            stop=stop,
+        )
+
+    return tokenizer, sampler
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,9 +189,28 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _generate(argv: list[str]) -> int:
+    options, rest = parse(argv)
+    if options.chat and not options.prompt:
+        return _converse(rest, options)
     prompt, text = generate(argv)
     print(prompt + text)
     return 0
+
+
+def _converse(rest: list[str], options: argparse.Namespace) -> int:
+    """--chat without --prompt: each line of stdin is a user's turn; each answer is printed on its own."""
+    chat = Chat(*_sampler(rest, options))
+    messages = [{"role": "system", "content": options.system}] if options.system else []
+    ask = sys.stdin.isatty()
+    while True:
+        if ask:
+            print("> ", end="", flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            return 0
+        messages.append({"role": "user", "content": line.rstrip("\n")})
+        messages.append({"role": "assistant", "content": chat.answer(messages)})
+        print(messages[-1]["content"], flush=True)
 
 
 if __name__ == "__main__":

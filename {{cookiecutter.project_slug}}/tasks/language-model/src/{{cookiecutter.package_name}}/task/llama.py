@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .blocks import KVCache, Rope, apply_rope, attend, reset_parameters, rope_cos_sin, rope_frequencies
+from .blocks import KVCache, Rope, apply_rope, attend, packed, reset_parameters, rope_cos_sin, rope_frequencies
 
 
 class Attention(nn.Module):
@@ -26,13 +26,13 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(shape.d_model, shape.n_kv_head * shape.head_dim, bias=shape.bias)
         self.o_proj = nn.Linear(shape.n_head * shape.head_dim, shape.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None, layer: int):
+    def forward(self, x, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None, layer: int, mask=None):
         batch, time, _ = x.shape
         q = self.q_proj(x).view(batch, time, self.n_head, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, time, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, time, self.n_kv_head, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = attend(q, k, v, self.dropout if self.training else 0.0, cache, layer)
+        y = attend(q, k, v, self.dropout if self.training else 0.0, cache, layer, mask)
         return self.o_proj(y.transpose(1, 2).reshape(batch, time, self.n_head * self.head_dim))
 
 
@@ -60,13 +60,15 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(shape)
         self.drop = nn.Dropout(shape.dropout)
 
-    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        x = x + self.drop(self.self_attn(self.input_layernorm(x), cos, sin, cache, layer))
+    def forward(self, x, cos, sin, cache: KVCache | None = None, layer: int = 0, mask=None) -> torch.Tensor:
+        x = x + self.drop(self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, mask))
         return x + self.drop(self.mlp(self.post_attention_layernorm(x)))
 
 
 class Llama(nn.Module):
-    """Token ids [batch, time] -> logits [batch, time, vocab]."""
+    """Token ids [batch, time] -> logits [batch, time, vocab]; with documents [batch, time] (packed
+    sequences: each position's document number), positions restart at each document and no
+    position attends to another document (blocks.packed)."""
 
     def __init__(self, shape):
         super().__init__()
@@ -80,15 +82,18 @@ class Llama(nn.Module):
             self.lm_head = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
         reset_parameters(self, shape.n_layer)
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None, documents=None) -> torch.Tensor:
         start = cache.length if cache is not None else 0
         positions = torch.arange(start, start + tokens.shape[1], device=tokens.device)
+        mask = None
+        if documents is not None:
+            positions, mask = packed(documents)
         # Angles in float32 from the positions, each forward (no buffer: nothing to initialise,
         # shard or checkpoint, and exact at any length).
         cos, sin = rope_cos_sin(rope_frequencies(self.shape.head_dim, self.rope, tokens.device), positions)
         x = self.drop(self.embed_tokens(tokens))
         for layer, block in enumerate(self.layers):
-            x = block(x, cos, sin, cache, layer)
+            x = block(x, cos, sin, cache, layer, mask)
         if cache is not None:
             cache.advance(tokens.shape[1])
         head = self.embed_tokens.weight if self.shape.tie_embeddings else self.lm_head.weight

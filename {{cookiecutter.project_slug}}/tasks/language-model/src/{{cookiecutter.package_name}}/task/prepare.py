@@ -2,7 +2,7 @@
 
     python -m PACKAGE.prepare --out data/corpus [--tokenizer bytes|tokenizer.json] [--val-fraction 0.05]
         [--val-files PATH...] [--doc-sep STRING] [--text-key text] [--glob '*.py'] [--workers N]
-        [--shard-tokens N] PATH...
+        [--shard-tokens N] [--chat [--train-on assistant|all|last] [--max-tokens N]] PATH...
 
 Each PATH is a file, a Hugging Face `datasets` folder (written by save_to_disk; read offline), or a
 directory read recursively (the files whose names match --glob, default all; hidden files and
@@ -14,6 +14,12 @@ folders skipped). What a file holds follows its name:
                          line, or '<|endoftext|>'); files that are not UTF-8 are skipped and counted
 
 Empty documents are left out; every other document ends with the tokenizer's end-of-document token.
+
+--chat: each JSON line, Parquet or datasets row is a conversation for supervised fine-tuning
+(`messages`, or `prompt` and `response`, or `instruction`, `input` and `output`), rendered with the
+tokenizer's chat template (ChatML without one) and written with a mask of the tokens trained:
+--train-on assistant (default: every assistant turn with its end-of-turn marker), last, or all (see
+chat.py for the rule). A conversation is never cut: --max-tokens N drops (and counts) longer ones.
 
 Splitting, written into meta.json as split.rule:
     files  --val-files names the validation inputs; everything else trains.
@@ -63,6 +69,7 @@ import numpy as np
 from ..engine import PACKAGE, cli
 from ..engine.ckpt.files import writing
 from ..engine.errors import ConfigError, DataError
+from .chat import TRAIN_ON, ChatTemplate, messages_of
 from .tokenizer import ByteTokenizer, load_tokenizer
 
 FORMAT = 2  # 1: one train.bin and one val.bin (still read by data.py)
@@ -90,6 +97,7 @@ class Piece:
     raw: bytes  # UTF-8, checked
     start: bool  # a document (or, for the tail rule, a split's part of it) begins here
     end: bool  # the document ends here: the end-of-document token follows
+    chat: bool = False  # raw is a conversation's messages in JSON (--chat): rendered, masked, no end token
 
 
 def kind_of(path: Path) -> str:
@@ -173,7 +181,13 @@ def _text_key(value, where: str, key: str) -> bytes:
     return value.encode("utf-8")
 
 
-def read_jsonl(source: Source, key: str) -> Iterator[tuple[str, bytes]]:
+def _conversation(record: object, where: str) -> bytes:
+    """A --chat record as its messages, in JSON (what a worker renders and tokenizes)."""
+    return json.dumps(messages_of(record, where), ensure_ascii=False).encode("utf-8")
+
+
+def read_jsonl(source: Source, key: str | None) -> Iterator[tuple[str, bytes]]:
+    """(identity, text) per JSON line: its key's text, or (key None, --chat) its conversation."""
     opener = gzip.open if source.path.name.lower().endswith(".gz") else open
     try:
         with opener(source.path, "rb") as lines:
@@ -185,6 +199,9 @@ def read_jsonl(source: Source, key: str) -> Iterator[tuple[str, bytes]]:
                     record = json.loads(line)
                 except ValueError as err:
                     raise DataError(f"{where}: not a JSON line ({err})") from None
+                if key is None:  # --chat: the record is a conversation
+                    yield f"{source.name}:{number}", _conversation(record, where)
+                    continue
                 if not isinstance(record, dict) or key not in record:
                     fields = ", ".join(map(repr, record)) if isinstance(record, dict) else type(record).__name__
                     raise DataError(f"{where}: no {key!r} field (it has {fields}); name the text field with --text-key")
@@ -207,7 +224,14 @@ def _pyarrow():
     return pyarrow
 
 
-def _column_texts(source: Source, key: str, batches, schema) -> Iterator[bytes]:
+def _column_texts(source: Source, key: str | None, batches, schema) -> Iterator[bytes]:
+    if key is None:  # --chat: each row is a conversation
+        row = 0
+        for batch in batches:
+            for record in batch.to_pylist():
+                yield _conversation(record, f"{source.path}: row {row}")
+                row += 1
+        return
     if key not in schema.names:
         raise DataError(
             f"{source.path}: no {key!r} column (it has {', '.join(schema.names)}); name the text column with --text-key"
@@ -221,7 +245,7 @@ def _column_texts(source: Source, key: str, batches, schema) -> Iterator[bytes]:
             yield _text_key(value, source.path, key)
 
 
-def read_parquet(source: Source, key: str) -> Iterator[tuple[str, bytes]]:
+def read_parquet(source: Source, key: str | None) -> Iterator[tuple[str, bytes]]:
     pa = _pyarrow()
     try:
         table = pa.parquet.ParquetFile(source.path)
@@ -233,7 +257,7 @@ def read_parquet(source: Source, key: str) -> Iterator[tuple[str, bytes]]:
     yield from ((f"{source.name}:{row}", raw) for row, raw in enumerate(texts))
 
 
-def read_dataset(source: Source, key: str) -> Iterator[tuple[str, bytes]]:
+def read_dataset(source: Source, key: str | None) -> Iterator[tuple[str, bytes]]:
     """A datasets folder written by save_to_disk: its .arrow files (Arrow streams) in state.json's order."""
     pa = _pyarrow()
     try:
@@ -347,22 +371,53 @@ def _cut_before(file, target: int) -> int:
 
 # Encoding: the same in the main process and in --workers processes.
 
-_TOKENIZER = None
+_TOKENIZER, _CHAT = None, None
 
 
-def _load_worker(spec: str) -> None:
-    global _TOKENIZER
+def _load_worker(spec: str, train_on: str | None) -> None:
+    global _TOKENIZER, _CHAT
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: N workers use N cores
     _TOKENIZER = load_tokenizer(spec)
+    _CHAT = None if train_on is None else (ChatTemplate.of(_TOKENIZER), train_on)
 
 
-def encode_pieces(pieces: list[Piece], dtype: str, tokenizer=None) -> list[np.ndarray]:
-    """The token ids of each piece, the end-of-document token after each that ends one."""
-    tokenizer = tokenizer or _TOKENIZER
+def _encode_texts(texts: list[bytes], tokenizer) -> list[np.ndarray]:
     if isinstance(tokenizer, ByteTokenizer):
-        encoded = [np.frombuffer(piece.raw, dtype=np.uint8) for piece in pieces]
-    else:
-        encoded = [np.asarray(ids, dtype=np.int64) for ids in tokenizer.encode_batch([p.raw.decode() for p in pieces])]
+        return [np.frombuffer(raw, dtype=np.uint8) for raw in texts]
+    return [np.asarray(ids, dtype=np.int64) for ids in tokenizer.encode_batch([raw.decode() for raw in texts])]
+
+
+@dataclass
+class Conversation:
+    """A --chat piece encoded: its ids, which of them are trained targets, and its rendered text's bytes."""
+
+    ids: np.ndarray
+    trained: np.ndarray  # uint8, 1 where the token is a trained target
+    size: int
+
+
+def encode_conversations(pieces: list[Piece], dtype: str, tokenizer, chat: tuple[ChatTemplate, str]) -> list:
+    """Each conversation rendered with the chat template, its spans tokenized each on its own (chat.py)."""
+    template, train_on = chat
+    spans = [template.segments(json.loads(piece.raw), train_on) for piece in pieces]
+    texts = [segment.text.encode("utf-8") for segments in spans for segment in segments]
+    encoded = iter(_encode_texts(texts, tokenizer))
+    out = []
+    for segments in spans:
+        parts = [(next(encoded), segment.trained) for segment in segments]
+        ids = np.concatenate([part for part, _ in parts]).astype(dtype)
+        trained = np.concatenate([np.full(len(part), flag, dtype=np.uint8) for part, flag in parts])
+        out.append(Conversation(ids, trained, sum(len(segment.text.encode("utf-8")) for segment in segments)))
+    return out
+
+
+def encode_pieces(pieces: list[Piece], dtype: str, tokenizer=None, chat=None) -> list:
+    """The token ids of each piece, the end-of-document token after each that ends one; for --chat pieces
+    (all of a job or none), a Conversation each."""
+    tokenizer, chat = tokenizer or _TOKENIZER, chat or _CHAT
+    if pieces and pieces[0].chat:
+        return encode_conversations(pieces, dtype, tokenizer, chat)
+    encoded = _encode_texts([piece.raw for piece in pieces], tokenizer)
     out = []
     for ids, piece in zip(encoded, pieces, strict=True):
         ends = piece.end and tokenizer.eot is not None
@@ -375,24 +430,39 @@ def encode_pieces(pieces: list[Piece], dtype: str, tokenizer=None) -> list[np.nd
 
 
 class SplitWriter:
-    """One split's token ids into shards of at most shard_tokens tokens: SPLIT_000000.bin, ..."""
+    """One split's token ids into shards of at most shard_tokens tokens: SPLIT_000000.bin, ...; for --chat
+    also the trained-target mask beside each (SPLIT_000000.mask, one byte per token) and where each
+    conversation ends (SPLIT_ends.bin, int64 token offsets: training packs conversations whole)."""
 
-    def __init__(self, folder: Path, split: str, dtype: str, shard_tokens: int):
-        self.folder, self.split, self.dtype, self.shard_tokens = folder, split, dtype, shard_tokens
+    def __init__(self, folder: Path, split: str, dtype: str, shard_tokens: int, chat: bool = False):
+        self.folder, self.split, self.dtype, self.shard_tokens, self.chat = folder, split, dtype, shard_tokens, chat
         self.files: list[str] = []
-        self.file = None
+        self.file = self.mask = None
         self.room = 0
         self.stats = {"tokens": 0, "bytes": 0, "documents": 0}
+        if chat:
+            self.stats["trained_tokens"] = 0
+            self.ends: list[int] = []
 
-    def write(self, piece: Piece, ids: np.ndarray) -> None:
+    def write(self, piece: Piece, ids) -> None:
+        trained = None
+        if isinstance(ids, Conversation):
+            ids, trained, size = ids.ids, ids.trained, ids.size
+            self.stats["trained_tokens"] += int(trained.sum())
+            self.ends.append(self.stats["tokens"] + len(ids))
+        else:
+            size = len(piece.raw)
         self.stats["tokens"] += len(ids)
-        self.stats["bytes"] += len(piece.raw)
+        self.stats["bytes"] += size
         self.stats["documents"] += piece.start
         while len(ids):
             if not self.room:
                 self._next_shard()
-            self.file.write(ids[: self.room].tobytes())
             taken = min(self.room, len(ids))
+            self.file.write(ids[:taken].tobytes())
+            if trained is not None:
+                self.mask.write(trained[:taken].tobytes())
+                trained = trained[taken:]
             self.room -= taken
             ids = ids[taken:]
 
@@ -400,12 +470,25 @@ class SplitWriter:
         self.close()
         self.files.append(f"{self.split}_{len(self.files):06d}.bin")
         self.file = open(self.folder / self.files[-1], "wb")  # noqa: SIM115  (closed in close())
+        if self.chat:
+            self.mask = open(self.folder / self.files[-1].replace(".bin", ".mask"), "wb")  # noqa: SIM115
         self.room = self.shard_tokens
 
     def close(self) -> None:
-        if self.file is not None:
-            self.file.close()
-            self.file = None
+        for file in (self.file, self.mask):
+            if file is not None:
+                file.close()
+        self.file = self.mask = None
+
+    def finish(self) -> dict:
+        """The split's entry of meta.json (and, for --chat, its ends file written)."""
+        self.close()
+        entry = {**self.stats, "files": self.files}
+        if self.chat:
+            np.asarray(self.ends, dtype=np.int64).tofile(self.folder / f"{self.split}_ends.bin")
+            masks = [name.replace(".bin", ".mask") for name in self.files]
+            entry |= {"mask_files": masks, "ends": f"{self.split}_ends.bin"}
+        return entry
 
 
 @dataclass
@@ -417,6 +500,9 @@ class Options:
     text_key: str = "text"
     workers: int = 1
     shard_tokens: int = SHARD_TOKENS
+    chat: bool = False
+    train_on: str = "assistant"
+    max_tokens: int | None = None
 
 
 class Plan:
@@ -474,17 +560,19 @@ class Plan:
                 yield from self._file_pieces(source)
                 continue
             for identity, raw in self._documents(source):
-                if not raw:
-                    continue
-                yield from _long_pieces(self.split_of(source, identity), raw)
+                if self.options.chat:  # a conversation is never cut
+                    yield Piece(self.split_of(source, identity), raw, True, True, chat=True)
+                elif raw:
+                    yield from _long_pieces(self.split_of(source, identity), raw)
 
     def _documents(self, source: Source) -> Iterator[tuple[str, bytes]]:
+        key = None if self.options.chat else self.options.text_key
         if source.kind == "jsonl":
-            return read_jsonl(source, self.options.text_key)
+            return read_jsonl(source, key)
         if source.kind == "parquet":
-            return read_parquet(source, self.options.text_key)
+            return read_parquet(source, key)
         if source.kind == "datasets":
-            return read_dataset(source, self.options.text_key)
+            return read_dataset(source, key)
         return self._checked(read_text(source, self.separator), source)
 
     def _checked(self, documents: Iterator[tuple[str, bytes]], source: Source) -> Iterator[tuple[str, bytes]]:
@@ -567,17 +655,20 @@ def jobs(pieces: Iterator[Piece]) -> Iterator[list[Piece]]:
         yield job
 
 
-def encoded(plan: Plan, tokenizer, dtype: str, workers: int) -> Iterator[tuple[Piece, np.ndarray]]:
+def encoded(plan: Plan, tokenizer, dtype: str, workers: int, chat=None) -> Iterator[tuple[Piece, np.ndarray]]:
     """(piece, its ids) in the plan's order; with workers > 1 encoded by that many processes, a bounded
     number of jobs ahead, so memory does not grow with the corpus. The bytes tokenizer is a copy, faster
     in this process than the hand-over to another (--workers changes nothing for it)."""
     if workers == 1 or isinstance(tokenizer, ByteTokenizer):
         for job in jobs(plan.pieces()):
-            yield from zip(job, encode_pieces(job, dtype, tokenizer), strict=True)
+            yield from zip(job, encode_pieces(job, dtype, tokenizer, chat), strict=True)
         return
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     with concurrent.futures.ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_load_worker, initargs=(plan.options.tokenizer,)
+        workers,
+        mp_context=context,
+        initializer=_load_worker,
+        initargs=(plan.options.tokenizer, plan.options.train_on if plan.options.chat else None),
     ) as pool:
         pending = collections.deque()
         for job in jobs(plan.pieces()):
@@ -605,6 +696,10 @@ def _check(paths: list[str], out: Path, options: Options, val_paths: list[str]) 
         raise ConfigError(f"--shard-tokens={options.shard_tokens} must be at least 1")
     if options.doc_sep == "":
         raise ConfigError("--doc-sep must not be empty (leave it out: each file is one document)")
+    if options.chat and options.train_on not in TRAIN_ON:
+        raise ConfigError(f"--train-on={options.train_on!r}: choose {', '.join(TRAIN_ON)}")
+    if options.max_tokens is not None and options.max_tokens < 2:
+        raise ConfigError(f"--max-tokens={options.max_tokens} must be at least 2")
     both = {os.path.abspath(p) for p in paths} & {os.path.abspath(p) for p in val_paths}
     if both:
         raise ConfigError(f"{sorted(both)[0]} is named both as an input and in --val-files")
@@ -619,15 +714,24 @@ def _prepare(paths: list[str], out: Path, options: Options, val_paths: list[str]
         sources = find_sources(paths, options.pattern, val=False) + find_sources(val_paths, options.pattern, val=True)
     else:
         sources = find_sources(paths, options.pattern)
+    text = [source.path for source in sources if source.kind == "text"]
+    if options.chat and text:
+        raise ConfigError(f"--chat reads records (.jsonl, .parquet, datasets folders); {text[0]} is text")
+    chat = (ChatTemplate.of(tokenizer), options.train_on) if options.chat else None
     plan = Plan(sources, options)
     dtype = "uint16" if tokenizer.vocab_size <= 2**16 else "uint32"
     staging = out.with_name(f".{out.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    writers = {split: SplitWriter(staging, split, dtype, options.shard_tokens) for split in ("train", "val")}
+    writers = {name: SplitWriter(staging, name, dtype, options.shard_tokens, options.chat) for name in ("train", "val")}
+    dropped = dict.fromkeys(writers, 0)  # conversations longer than --max-tokens
     try:
-        for piece, ids in encoded(plan, tokenizer, dtype, options.workers):
+        for piece, ids in encoded(plan, tokenizer, dtype, options.workers, chat):
+            if options.max_tokens is not None and len(getattr(ids, "ids", ids)) > options.max_tokens:
+                dropped[piece.split] += 1
+                continue
             writers[piece.split].write(piece, ids)
+        splits = {name: writer.finish() for name, writer in writers.items()}
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -638,7 +742,7 @@ def _prepare(paths: list[str], out: Path, options: Options, val_paths: list[str]
     for name, writer in writers.items():
         if writer.stats["tokens"] < 2:
             shutil.rmtree(staging)
-            raise DataError(_empty_split(name, plan, documents))
+            raise DataError(_empty_split(name, plan, documents, dropped[name]))
     meta = {
         "format": FORMAT,
         "tokenizer": "bytes" if options.tokenizer == "bytes" else "tokenizer.json",
@@ -646,12 +750,22 @@ def _prepare(paths: list[str], out: Path, options: Options, val_paths: list[str]
         "eot": tokenizer.eot,
         "dtype": dtype,
         "split": _split_meta(plan),
-        **{name: {**writer.stats, "files": writer.files} for name, writer in writers.items()},
+        **splits,
         "skipped_files": len(plan.skipped),
         "val_fraction": options.val_fraction,
         "shard_tokens": options.shard_tokens,
         "inputs": dict(collections.Counter(source.kind for source in sources)),
     }
+    if chat:
+        template = chat[0]
+        meta["chat"] = {
+            "template": template.origin,
+            "train_on": options.train_on,
+            "end_of_turn": template.end_of_turn(),
+            "max_tokens": options.max_tokens,
+            "too_long": "dropped",
+            "dropped": dropped,
+        }
     if options.tokenizer != "bytes":
         shutil.copyfile(options.tokenizer, staging / "tokenizer.json")
         for name, content in tokenizer.companions.items():  # special tokens, chat template: they travel too
@@ -674,7 +788,10 @@ def _split_meta(plan: Plan) -> dict:
     return split
 
 
-def _empty_split(name: str, plan: Plan, documents: int) -> str:
+def _empty_split(name: str, plan: Plan, documents: int, dropped: int) -> str:
+    if dropped:
+        too_long = f"--max-tokens={plan.options.max_tokens}"
+        return f"the {name} split is empty: its {dropped} conversations are longer than {too_long}"
     if plan.rule == "hash" and documents == 1:  # the smallest-hash fallback needs two
         return (
             f"no document went to the {name} split with --val-fraction {plan.options.val_fraction}: one document "
@@ -699,9 +816,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="processes tokenizing with a tokenizer.json "
                         "(the output is the same)")  # fmt: skip
     parser.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS, help="tokens per output file")
+    parser.add_argument("--chat", action="store_true", help="records are conversations (messages, prompt/response "
+                        "or instruction/input/output): rendered with the chat template, with a loss mask")  # fmt: skip
+    parser.add_argument("--train-on", default="assistant", choices=TRAIN_ON, help="--chat: which tokens are trained "
+                        "(every assistant turn, the last one, or all)")  # fmt: skip
+    parser.add_argument("--max-tokens", type=int, help="--chat: drop (and count) conversations longer than this")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     options = Options(
-        args.val_fraction, args.tokenizer, args.glob, args.doc_sep, args.text_key, args.workers, args.shard_tokens
+        args.val_fraction,
+        args.tokenizer,
+        args.glob,
+        args.doc_sep,
+        args.text_key,
+        args.workers,
+        args.shard_tokens,
+        args.chat,
+        args.train_on,
+        args.max_tokens,
     )
     return cli.run(lambda: _prepare_and_say(args, options))
 
@@ -715,6 +846,13 @@ def _prepare_and_say(args: argparse.Namespace, options: Options) -> int:
         f"{meta['vocab_size']} ({meta['tokenizer']}), split by {meta['split']['rule']}; "
         f"{meta['skipped_files']} files skipped (not UTF-8)"
     )
+    if "chat" in meta:
+        chat = meta["chat"]
+        print(
+            f"conversations: trained tokens {train['trained_tokens']} of {train['tokens']} (--train-on "
+            f"{chat['train_on']}, {chat['template']} template, end of turn {chat['end_of_turn']!r}); "
+            f"{sum(chat['dropped'].values())} longer than --max-tokens dropped"
+        )
     return 0
 
 

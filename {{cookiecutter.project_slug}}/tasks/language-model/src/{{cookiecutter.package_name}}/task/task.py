@@ -9,6 +9,7 @@ generate.py its own commands.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -22,10 +23,13 @@ from ..engine.config import Config
 from ..engine.errors import ConfigError, DataError
 from ..engine.parallel import meta_init
 from . import hf
-from .data import DeviceWindows, TokenData, build_datasets
+from .chat import CHATML, ChatTemplate
+from .data import IGNORE, DeviceWindows, Packs, TokenData, build_datasets
 from .model import INIT_TYPES, ModelShape, architecture, init_module, lm_loss
 from .tokenizer import FOLDER, HFTokenizer, describe, identity, read_identity, read_tokenizer, tokenizer_files
 from .validation import evaluate_model
+
+log = logging.getLogger(__name__)
 
 SOURCE_CONFIG = "init_from/config.json"  # in a run directory and export/: the starting folder's config.json
 
@@ -48,6 +52,12 @@ class Task(seam.Task):
                 f"`python -m {PACKAGE}.prepare --out {data.root} FILES...` writes"
             )
         train_set, val_set, self.data = build_datasets(self.cfg.data, seed=self.cfg.run.seed)
+        if isinstance(train_set, Packs):
+            log.info(
+                "conversations packed into %d training and %d validation sequences of %d positions; "
+                "%d and %d left out (longer than data.seq_len + 1 tokens)",
+                len(train_set), len(val_set), self.cfg.data.seq_len, train_set.left_out, val_set.left_out,
+            )  # fmt: skip
         return train_set, val_set
 
     def model_files(self) -> dict[str, bytes]:
@@ -56,6 +66,10 @@ class Task(seam.Task):
         the config.json of the folder it started from (init_from/config.json): `export --format hf`
         writes the model as the class that folder held (Mistral stays Mistral), with its settings."""
         files = tokenizer_files(self.data.tokenizer)
+        tokenizer = self.data.tokenizer
+        if self.data.chat and isinstance(tokenizer, HFTokenizer) and ChatTemplate.of(tokenizer).origin == "chatml":
+            # trained on ChatML (the tokenizer has no template): the export's tokenizer renders it too
+            files[f"{FOLDER}/chat_template.jinja"] = CHATML.encode("utf-8")
         if self.source_config is None and self.cfg.model.init_from:
             self.source_config = (Path(self.cfg.model.init_from) / "config.json").read_bytes()
         if self.source_config is not None:
@@ -88,10 +102,14 @@ class Task(seam.Task):
     def device_bytes(self, train_set: Dataset, val_set: Dataset) -> tuple[int, str | None]:
         """Bytes both splits take on the device (int32 tokens), and what speaks against data.loader=auto
         choosing the device (None: nothing)."""
+        if isinstance(train_set, Packs):
+            return 0, "packed conversations are assembled by DataLoader workers"
         return 4 * (len(train_set.tokens) + len(val_set.tokens)), None
 
     def device_sets(self, train_set: Dataset, val_set: Dataset) -> tuple:
         """Both splits on the training device (data.loader=device): the same windows, gathered there."""
+        if isinstance(train_set, Packs):
+            raise ConfigError("data.loader=device: packed conversations (prepare --chat) load with data.loader=workers")
         return DeviceWindows(train_set, self.device), DeviceWindows(val_set, self.device)
 
     def build_model(self, device: torch.device | None = None, shard: Callable | None = None) -> nn.Module:
@@ -142,10 +160,21 @@ class Task(seam.Task):
         return hf.read_weights(folder)
 
     def loss(self, model: nn.Module, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Mean cross-entropy per token of one micro-batch of windows, and its number of sequences."""
+        """Mean cross-entropy per token of one micro-batch of windows, and its number of sequences; for
+        packed conversations [batch, 3, seq_len], per trained target."""
+        if batch.dim() == 3:
+            packs = batch.to(self.device, non_blocking=True)
+            targets = packs[:, 1]
+            loss = lm_loss(model(packs[:, 0], documents=packs[:, 2]), targets, reduction="sum")
+            return loss / (targets != IGNORE).sum().clamp(min=1), len(packs)
         windows = batch.to(self.device, non_blocking=True)
         inputs, targets = windows[:, :-1], windows[:, 1:]
         return lm_loss(model(inputs), targets), len(windows)
+
+    def loss_weight(self, batch: torch.Tensor) -> int | None:
+        """Packed conversations: the trained targets, so that a step's loss is their sum over the step's
+        trained targets (every micro-batch and process), as one large batch's; windows: None (all equal)."""
+        return int((batch[:, 1] != IGNORE).sum()) if batch.dim() == 3 else None
 
     def validate(self, model: nn.Module, loader: DataLoader) -> dict:
         """val/loss, val/ppl, val/bpb and val/tokens over the whole validation split (and, for the

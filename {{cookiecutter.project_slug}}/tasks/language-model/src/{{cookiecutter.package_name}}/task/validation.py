@@ -2,7 +2,8 @@
 
 Every target token is counted once (data.ValWindows cuts the split so; the validation loader gives
 each process a disjoint strided share of the windows), the loss is summed per token and divided by
-the tokens counted, and the model runs under eval() and no_grad(). Used by training every
+the tokens counted, and the model runs under eval() and no_grad(). Packed conversations (prepare
+--chat) count their trained targets only: val/loss is the supervised loss. Used by training every
 trainer.val_every steps and at the end, and by the evaluate command.
 """
 
@@ -24,11 +25,17 @@ def evaluate_model(model: nn.Module, loader, device: torch.device, precision: st
     """val/loss (mean cross-entropy per token, nats), val/ppl, val/bpb and val/tokens, summed over all processes."""
     model.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, tokens
-    inputs = None
+    inputs = documents = None
     with torch.no_grad(), autocast(device, precision):
         for batch in in_lockstep(loader, device):
             if batch is None:
-                model(inputs)  # keeps step with processes that have one more batch; not counted
+                model(inputs, documents=documents)  # keeps step with processes that have one more batch; not counted
+                continue
+            if torch.is_tensor(batch):  # packed conversations: inputs, targets, documents
+                packs = batch.to(device, non_blocking=True)
+                inputs, targets, documents = packs[:, 0], packs[:, 1], packs[:, 2]
+                sums[0] += lm_loss(model(inputs, documents=documents), targets, reduction="sum")
+                sums[1] += (targets != IGNORE).sum()
                 continue
             windows, skip = batch
             windows = windows.to(device, non_blocking=True)

@@ -1,0 +1,326 @@
+"""Supervised fine-tuning on conversations: what is trained (masks by position, the end of turn
+included), tokens as transformers' apply_chat_template gives them, packing without attention across
+documents, and a step's loss normalised by its trained tokens over micro-batches and processes."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from {{ cookiecutter.package_name }}.engine.errors import DataError
+from {{ cookiecutter.package_name }}.export import main as export_main
+from {{ cookiecutter.package_name }}.prepare import main as prepare_main
+from {{ cookiecutter.package_name }}.task import prepare as prepare_module
+from {{ cookiecutter.package_name }}.task.chat import CHATML, ChatTemplate, messages_of
+from {{ cookiecutter.package_name }}.task.config import ModelConfig
+from {{ cookiecutter.package_name }}.task.data import IGNORE, Packs, Tokens, first_fit
+from {{ cookiecutter.package_name }}.task.generate import Chat
+from {{ cookiecutter.package_name }}.task.model import ModelShape, architecture, lm_loss
+from {{ cookiecutter.package_name }}.task.tokenizer import ByteTokenizer, HFTokenizer
+from {{ cookiecutter.package_name }}.train import main as train_main
+
+from conftest import read_metrics, torchrun
+from hf_folders import bpe_tokenizer
+
+CONVERSATION = [
+    {"role": "system", "content": "You add numbers."},
+    {"role": "user", "content": "what is 17+25?"},
+    {"role": "assistant", "content": "42"},
+    {"role": "user", "content": "and 2+2?"},
+    {"role": "assistant", "content": "4"},
+]
+
+
+def output_bytes(out) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(out.iterdir())}
+
+
+def trained_text(template: ChatTemplate, messages: list[dict], train_on: str = "assistant") -> list[str]:
+    return [segment.text for segment in template.segments(messages, train_on) if segment.trained]
+
+
+def test_assistant_turns_and_their_end_of_turn_are_trained_and_nothing_else():
+    """ChatML (the default): the system and user turns and each generation prompt are masked; each
+    answer is trained with its <|im_end|>, not the line end after it; `last` and `all` as named; the
+    pieces put together are the rendered conversation, and each prompt is a prefix of it."""
+    template = ChatTemplate(CHATML)
+    assert trained_text(template, CONVERSATION) == ["42<|im_end|>", "4<|im_end|>"]
+    assert trained_text(template, CONVERSATION, "last") == ["4<|im_end|>"]
+    text = template.render(CONVERSATION)
+    assert trained_text(template, CONVERSATION, "all") == [text]
+    assert "".join(s.text for s in template.segments(CONVERSATION)) == text
+    prompt = template.render(CONVERSATION[:2], add_generation_prompt=True)
+    assert prompt.endswith("<|im_start|>assistant\n") and text.startswith(prompt + "42<|im_end|>")
+    assert template.end_of_turn() == "<|im_end|>"
+
+
+def test_prepare_chat_writes_masks_by_position_for_every_record_format(tmp_path):
+    """messages, prompt/response and Alpaca records, with the bytes tokenizer: the mask marks exactly the
+    answers' bytes and their end-of-turn marker; meta.json names the rule."""
+    records = [
+        {"messages": CONVERSATION},
+        {"prompt": "what is 1+1?", "response": "2"},
+        {"instruction": "Add.", "input": "3+4", "output": "7"},
+        {"instruction": "Say hi.", "output": "hi"},
+    ] * 5
+    source = tmp_path / "chat.jsonl"
+    source.write_text("".join(json.dumps(record) + "\n" for record in records))
+    out = tmp_path / "out"
+    assert prepare_main(["--chat", "--out", str(out), str(source)]) == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["chat"] | {"dropped": None} == {
+        "template": "chatml", "train_on": "assistant", "end_of_turn": "<|im_end|>",
+        "max_tokens": None, "too_long": "dropped", "dropped": None,
+    }  # fmt: skip
+    tokens = np.fromfile(out / "train_000000.bin", dtype=np.uint16)
+    mask = np.fromfile(out / "train_000000.mask", dtype=np.uint8)
+    ends = np.fromfile(out / "train_ends.bin", dtype=np.int64)
+    assert len(ends) == meta["train"]["documents"] and ends[-1] == len(tokens) == len(mask)
+    answers = []
+    for start, end in zip([0, *ends[:-1]], ends, strict=True):
+        doc, trained = tokens[start:end], mask[start:end].astype(bool)
+        edges = np.flatnonzero(np.diff(np.concatenate([[0], trained, [0]])))
+        spans = zip(edges[::2], edges[1::2], strict=True)
+        answers.append(tuple(bytes(doc[a:b].astype(np.uint8)).decode() for a, b in spans))
+    expected = {("42<|im_end|>", "4<|im_end|>"), ("2<|im_end|>",), ("7<|im_end|>",), ("hi<|im_end|>",)}
+    assert set(answers) == expected
+    assert meta["train"]["trained_tokens"] == int(mask.sum())
+
+
+def test_ids_equal_transformers_apply_chat_template_and_bos_is_not_doubled(tmp_path, monkeypatch):
+    """With a BPE tokenizer.json whose tokenizer_config.json holds a chat template, prepare --chat writes
+    a multi-turn conversation's ids (each span tokenized on its own) as transformers' apply_chat_template
+    gives them, with 1 worker or 2 (in jobs of ~1 kB: they take turns) byte for byte; a template that
+    writes bos_token under a tokenizer that would add one too gives one BOS."""
+    transformers = pytest.importorskip("transformers")
+    from tokenizers.processors import TemplateProcessing
+
+    folder = tmp_path / "tok"
+    bpe_tokenizer(folder, tmp_path / "corpus.txt", chat_template=CHATML)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ours = HFTokenizer(folder / "tokenizer.json")
+    template = ChatTemplate.of(ours)
+    assert template.origin in ("chat_template.jinja", "tokenizer_config.json")
+    ids = [i for segment in template.segments(CONVERSATION) for i in ours.encode(segment.text)]
+    expected = theirs.apply_chat_template(CONVERSATION, tokenize=True, return_dict=False)
+    assert ids == list(expected)
+
+    monkeypatch.setattr(prepare_module, "JOB", 1000)
+    source, val = tmp_path / "chat.jsonl", tmp_path / "val.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in [{"messages": CONVERSATION}, *arithmetic(60, 1)]))
+    val.write_text("".join(json.dumps(r) + "\n" for r in arithmetic(10, 2)))
+    common = ["--chat", "--tokenizer", str(folder / "tokenizer.json"), str(source), "--val-files", str(val)]
+    for workers in ("1", "2"):
+        assert prepare_main(["--workers", workers, "--out", str(tmp_path / workers), *common]) == 0
+    assert output_bytes(tmp_path / "1") == output_bytes(tmp_path / "2")
+    written = np.fromfile(tmp_path / "1" / "train_000000.bin", dtype=np.uint16)
+    assert written[: len(ids)].tolist() == ids
+    prompt = theirs.apply_chat_template(CONVERSATION[:2], tokenize=True, add_generation_prompt=True, return_dict=False)
+    assert ids[: len(prompt)] == list(prompt)  # the prompt is a token prefix of the conversation
+
+    # A BOS that the template writes and the tokenizer's post-processor would add again.
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["bos_token"] = "<|endoftext|>"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    bos = ours.tokenizer.token_to_id("<|endoftext|>")
+    adds_bos = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])
+    ours.tokenizer.post_processor = adds_bos
+    marker = "{" + "{ bos_token }" + "}"
+    with_bos = ChatTemplate(marker + CHATML, {"bos_token": "<|endoftext|>"})
+    ids = [i for segment in with_bos.segments(CONVERSATION) for i in ours.encode(segment.text)]
+    assert ids[0] == bos and ids.count(bos) == 1
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"text": "hi"}, "no conversation (it has 'text')"),
+        ({"messages": []}, "'messages' must be a non-empty list"),
+        ({"messages": [{"role": "bot", "content": "x"}]}, "role 'bot'"),
+        ({"messages": [{"role": "user", "content": "x"}]}, "no assistant turn"),
+        ({"prompt": "x", "response": 3}, "must be text"),
+    ],
+)
+def test_bad_records_are_one_line_errors(record, message):
+    with pytest.raises(DataError) as raised:
+        messages_of(record, "chat.jsonl:1")
+    assert str(raised.value).startswith("chat.jsonl:1: ") and message in str(raised.value)
+    assert "\n" not in str(raised.value)
+
+
+def test_first_fit_puts_each_item_in_the_first_bin_with_room():
+    """The segment-tree first fit gives the bins of the plain one (scan the bins in order for each item)."""
+    rng = random.Random(0)
+    for _ in range(20):
+        capacity = rng.randint(8, 40)
+        lengths = [rng.randint(1, capacity) for _ in range(rng.randint(1, 60))]
+        plain: list[list[int]] = []
+        for item, length in enumerate(lengths):
+            fit = next((b for b in plain if sum(lengths[i] for i in b) + length <= capacity), None)
+            fit.append(item) if fit is not None else plain.append([item])
+        assert first_fit(np.array(lengths), capacity) == plain
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_document_in_a_pack_gives_the_logits_and_loss_it_gives_alone(arch):
+    """Three documents packed into one sequence (and padding after them): each one's logits equal its
+    logits run alone (positions restart, no attention across), and the pack's loss is the
+    token-weighted loss of the documents run separately."""
+    torch.manual_seed(0)
+    shape = ModelShape.of(ModelConfig(preset="nano", arch=arch), 64, 32)
+    model = architecture(shape).eval()
+    documents = [torch.randint(0, 64, (n,)) for n in (7, 12, 5)]
+    tokens = torch.zeros(1, 32, dtype=torch.long)
+    numbers = torch.full((1, 32), 3)
+    done = 0
+    for number, doc in enumerate(documents):
+        tokens[0, done : done + len(doc)], numbers[0, done : done + len(doc)] = doc, number
+        done += len(doc)
+    with torch.no_grad():
+        packed = model(tokens, documents=numbers)
+        alone = [model(doc[None]) for doc in documents]
+    done, losses, count = 0, 0.0, 0
+    for doc, logits in zip(documents, alone, strict=True):
+        torch.testing.assert_close(packed[:, done : done + len(doc)], logits)
+        losses += lm_loss(logits[:, :-1], doc[None, 1:], reduction="sum")
+        count += len(doc) - 1
+        done += len(doc)
+    targets = torch.full((1, 32), IGNORE)
+    done = 0
+    for doc in documents:
+        targets[0, done : done + len(doc) - 1] = doc[1:]
+        done += len(doc)
+    torch.testing.assert_close(lm_loss(packed, targets), losses / count)
+
+
+def arithmetic(count: int, seed: int) -> list[dict]:
+    """Single-exchange sums, some with a system turn: conversations of uneven lengths."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(count):
+        a, b = rng.randint(1, 999), rng.randint(1, 999)
+        messages = [{"role": "user", "content": f"what is {a}+{b}?"}, {"role": "assistant", "content": str(a + b)}]
+        if i % 3 == 0:
+            messages.insert(0, {"role": "system", "content": "Answer with the number only." * (1 + i % 4)})
+        records.append({"messages": messages})
+    return records
+
+
+@pytest.fixture(scope="module")
+def chat_data(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("chat")
+    source = folder / "sums.jsonl"
+    source.write_text("".join(json.dumps(record) + "\n" for record in arithmetic(300, 0)))
+    assert prepare_main(["--chat", "--val-fraction", "0.1", "--out", str(folder / "data"), str(source)]) == 0
+    return folder / "data"
+
+
+def chat_run(chat_data, run_dir) -> list[str]:
+    return [
+        "run.device=cpu", "tracker.name=none", f"run.output_dir={run_dir}", "data.name=text",
+        f"data.root={chat_data}", "data.seq_len=128", "data.num_workers=0", "model.preset=nano",
+        "trainer.log_every=1", "trainer.val_every=null", "trainer.max_epochs=1", "optim.warmup_steps=1",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_step_weighs_every_trained_token_alike_over_micro_batches_and_processes(chat_data, tmp_path, final_weights):
+    """Packs hold uneven numbers of trained tokens. 1 process x batch 8, 1 process x batch 4 with
+    accumulation 2, and 2 gloo processes x batch 4 log the same first loss and gradient norm (1e-6
+    relative: each token's loss divided by the step's trained tokens, not each micro-batch's mean
+    averaged), and end 3 steps at weights far closer to each other than to a run on other batches."""
+    tokens = Tokens(paths=sorted(chat_data.glob("train_*.bin")))
+    trained = Tokens(paths=sorted(chat_data.glob("train_*.mask")), dtype="uint8")
+    packs = Packs(tokens, trained, np.fromfile(chat_data / "train_ends.bin", dtype=np.int64), 128, seed=0)
+    counts = [int((packs[i][1] != IGNORE).sum()) for i in range(8)]
+    assert len(set(counts)) > 1, counts  # uneven: a mean of micro-batch means would differ
+    runs = {
+        "big": ["data.batch_size=8"],
+        "accumulated": ["data.batch_size=4", "trainer.grad_accum_steps=2"],
+        "other": ["data.batch_size=4"],
+    }
+    for name, extra in runs.items():
+        assert train_main([*chat_run(chat_data, tmp_path / name), "trainer.max_steps=3", *extra]) == 0
+    torchrun(2, [*chat_run(chat_data, tmp_path / "two"), "trainer.max_steps=3", "data.batch_size=4"])
+    first = {name: read_metrics(tmp_path / name)[0] for name in ("big", "accumulated", "two")}
+    for name in ("accumulated", "two"):
+        for key in ("train/loss", "train/grad_norm"):
+            assert first[name][key] == pytest.approx(first["big"][key], rel=1e-6), (name, key)
+    big, accumulated, two, other = (final_weights(tmp_path / name) for name in ("big", "accumulated", "two", "other"))
+    assert max(distance(big, accumulated), distance(big, two)) < distance(big, other) / 20
+
+
+def distance(a: dict, b: dict) -> float:
+    return max((a[key].float() - b[key].float()).abs().max().item() for key in a)
+
+
+def test_chat_prompts_as_training_cut_them_and_answers_stop_at_the_end_of_turn():
+    """generate --chat's prompt ids are those the conversation's training ids start with (the generation
+    prompt included), and the answer ends at the end-of-turn marker, without it."""
+    prompts = []
+
+    def sampler(prompt, stop):
+        prompts.append(prompt)
+        out = []
+        for byte in b"4<|im_end|>\nand on":
+            out.append(byte)
+            if stop(out):
+                break
+        return out
+
+    chat = Chat(ByteTokenizer(), sampler)
+    assert chat.answer(CONVERSATION[:4]) == "4"
+    segments = ChatTemplate(CHATML).segments(CONVERSATION)
+    training = [i for segment in segments for i in ByteTokenizer().encode(segment.text)]
+    assert training[: len(prompts[0])] == prompts[0]
+    assert bytes(training[len(prompts[0]) :]).decode() == "4<|im_end|>\n"
+
+
+@pytest.mark.slow
+def test_export_carries_chatml_and_transformers_tokenizes_as_training_did(tmp_path):
+    """A tokenizer without a chat template trains on ChatML; export --format hf writes it beside the
+    tokenizer, so transformers' apply_chat_template gives the ids training read."""
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "tok"
+    bpe_tokenizer(folder, tmp_path / "corpus.txt", chat_template=None)
+    source = tmp_path / "chat.jsonl"
+    source.write_text("".join(json.dumps(record) + "\n" for record in arithmetic(40, 3)))
+    tokens = ["--chat", "--tokenizer", str(folder / "tokenizer.json"), "--out", str(tmp_path / "data"), str(source)]
+    assert prepare_main(tokens) == 0
+    run = tmp_path / "run"
+    assert train_main([*chat_run(tmp_path / "data", run), "trainer.max_steps=1", "data.batch_size=2"]) == 0
+    assert export_main([f"run.output_dir={run}", "--format=hf"]) == 0
+    theirs = transformers.AutoTokenizer.from_pretrained(str(run / "export" / "hf"))
+    ours = HFTokenizer(folder / "tokenizer.json")
+    ids = [i for segment in ChatTemplate(CHATML).segments(CONVERSATION) for i in ours.encode(segment.text)]
+    assert list(theirs.apply_chat_template(CONVERSATION, tokenize=True, return_dict=False)) == ids
+
+
+@pytest.mark.slow
+def test_packed_training_killed_mid_run_resumes_bit_exactly(chat_data, tmp_path, final_weights):
+    """SIGKILL to a packed run (a DataLoader worker assembling the packs) right after a checkpoint of its
+    first epoch, then the same command: it ends bit-identical to a run never killed."""
+    args = ["trainer.max_epochs=2", "data.batch_size=4", "data.num_workers=1", "trainer.checkpoint_every=3"]
+    assert train_main([*chat_run(chat_data, tmp_path / "straight"), *args]) == 0
+    killed = chat_run(chat_data, tmp_path / "killed") + args
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    command = [sys.executable, "-m", "{{ cookiecutter.package_name }}.train", *killed]
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    process = subprocess.Popen(command, env=env, start_new_session=True, **quiet)
+    checkpoints, deadline = tmp_path / "killed" / "checkpoints", time.monotonic() + 120
+    while not any(checkpoints.glob("step_00000006*")):
+        assert process.poll() is None and time.monotonic() < deadline, "no step-6 checkpoint before the run ended"
+        time.sleep(0.01)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert train_main(killed) == 0
+    straight, resumed = final_weights(tmp_path / "straight"), final_weights(tmp_path / "killed")
+    assert all(torch.equal(straight[key], resumed[key]) for key in straight)
+    assert read_metrics(tmp_path / "killed")[-1]["step"] == read_metrics(tmp_path / "straight")[-1]["step"]
