@@ -1,5 +1,6 @@
 """Shared helpers for the template tests: bake a project, list its files, load a hook."""
 
+import contextlib
 import hashlib
 import importlib.util
 import os
@@ -127,11 +128,13 @@ def run_baked_tests(
 
 # Commands a test module checks the outcome of, started in the background when the session starts:
 # a test module's BACKGROUND maps a fixture name to a function that, given a work directory, returns
-# the command. Each runs at the lowest CPU priority (nice 19), so it takes only what the foreground
-# tests leave idle (about 0.8 of 2 cores over a template run, whose suites are mostly one busy
-# process) and slows them hardly at all; the fixture's tests wait for it. The benchmark's quick
-# check (2-3 minutes alone) costs the template run almost nothing this way. Its timings are not
-# read: --quick checks that every figure is produced and consistent, not how fast.
+# the command. Each runs at the lowest CPU priority, so it takes only what the foreground tests
+# leave idle (about 0.8 of 2 cores over a template run, whose suites are mostly one busy process)
+# and slows them little; the fixture's tests wait for it. Lowest means nice 19 in a session of its
+# own whose autogroup is niced too: Linux shares the CPU between sessions (autogroups) first, and
+# torchrun starts every worker in a session of its own, so a background command niced only inside
+# the test session's group would still take a third of the CPU from 2 such workers. Its timings
+# are not read: the benchmark's --quick checks that every figure is produced and consistent.
 _background: dict[str, tuple[subprocess.Popen, Path]] = {}
 
 
@@ -164,7 +167,10 @@ def _start_in_background(name: str, command: Callable[[Path], list]) -> None:
             stdin=subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
+            start_new_session=True,
         )
+    with contextlib.suppress(OSError):  # the session's autogroup (where the kernel has them)
+        Path(f"/proc/{process.pid}/autogroup").write_text("19")
     _background[name] = (process, work)
 
 

@@ -68,12 +68,12 @@ TASK_FILES = {
     "language-model": {
         *TASK_CONFIGS,
         *(f"src/PKG/task/{module}.py" for module in TASK_MODULES),
-        *(f"src/PKG/task/{module}.py" for module in ("tokenizer", "prepare", "generate", "hf", "chat")),
+        *(f"src/PKG/task/{m}.py" for m in ("tokenizer", "prepare", "generate", "hf", "chat")),
         *(f"src/PKG/task/{module}.py" for module in ("blocks", "gpt2", "llama")),  # model families
         "src/PKG/prepare.py",
         "src/PKG/generate.py",
         *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_prepare", "test_model")),
-        *(f"tests/task/{name}.py" for name in ("test_commands", "test_hf", "test_llama", "test_chat")),
+        *(f"tests/task/{n}.py" for n in ("test_commands", "test_hf", "test_llama", "test_chat")),
         "tests/task/hf_folders.py",  # small Hugging Face folders the tests make
         "tests/task/fixtures/flat_layout_step_3.checkpoint",  # the flat layout's, before task/
     },

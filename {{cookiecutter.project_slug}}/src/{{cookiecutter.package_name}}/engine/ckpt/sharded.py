@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ..errors import CheckpointError, OutputError, why_not_written
 from ..parallel import distributed
@@ -78,19 +79,10 @@ def crc32_of(path: Path) -> int:
     return crc
 
 
-def checkpoint_errors() -> tuple[type[BaseException], ...]:
-    """What a failed torch.distributed.checkpoint call raises: any Exception, or its CheckpointException (a
-    BaseException). Imported when first needed: torch.distributed.checkpoint takes a fifth of a second to
-    import, which a run that never writes a sharded checkpoint would pay at every start."""
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    return Exception, CheckpointException
-
-
 def root_cause(err: BaseException) -> BaseException:
     """The first rank's own exception inside torch.distributed.checkpoint's CheckpointException
     (a BaseException whose text is every rank's traceback)."""
-    if isinstance(err, checkpoint_errors()[1]) and err.failures:
+    if isinstance(err, CheckpointException) and err.failures:
         first = next(iter(err.failures.values()))
         return first[0] if isinstance(first, tuple) else first
     return err
@@ -234,7 +226,7 @@ class ShardedSaver:
                 save(tensors, storage_writer=writer, process_group=group, no_dist=group is None)
                 record_own_files(folder, rank)
                 done = _finished()
-            except checkpoint_errors() as err:  # handed to finish(), which every rank reaches
+            except (Exception, CheckpointException) as err:  # handed to finish(), which every rank reaches
                 done = Future()
                 done.set_exception(root_cause(err))
         self.pending = Pending(folder, step, keep_last, done)
@@ -260,7 +252,7 @@ class ShardedSaver:
         error = None
         try:
             pending.done.result()
-        except checkpoint_errors() as err:
+        except (Exception, CheckpointException) as err:
             error = why_not_written(root_cause(err), pending.folder.parent)
         errors = [e for e in distributed.all_gather_object(error) if e]
         if errors:
@@ -282,7 +274,7 @@ class ShardedSaver:
             return
         try:
             pending.done.result()
-        except checkpoint_errors():  # the failure being handled is the one to report
+        except (Exception, CheckpointException):  # the failure being handled is the one to report
             return
         if distributed.rank() == 0 and not pending.committed and self._all_recorded(pending.folder):
             self._commit(pending)
@@ -367,7 +359,7 @@ def load_weights_into(model: nn.Module, path: Path, key: str = "model") -> None:
         weights = {name: tensor.detach() for name, tensor in averaged_tensors(model).items()}
     try:
         load({key: weights}, checkpoint_id=str(path), no_dist=True)
-    except checkpoint_errors() as err:
+    except (Exception, CheckpointException) as err:
         raise _read_error(path, root_cause(err)) from None
     if key == "model":
         model.load_state_dict(weights)
@@ -474,7 +466,7 @@ def load_training_state(
     state.update(extra or {})
     try:
         load(state, checkpoint_id=str(path), no_dist=not distributed.joined())
-    except checkpoint_errors() as err:
+    except (Exception, CheckpointException) as err:
         raise _read_error(path, root_cause(err)) from None
     inner = uncompiled(model)
     set_state_dict(inner, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
