@@ -96,6 +96,26 @@ def test_prepare_chat_writes_masks_by_position_for_every_record_format(tmp_path)
     assert meta["train"]["trained_tokens"] == int(mask.sum())
 
 
+def test_jsonl_parquet_and_datasets_conversations_give_the_same_tokens_and_masks(tmp_path):
+    """The same conversations as JSON lines, a Parquet file (messages a list of structs) and a datasets
+    folder (validation ones named by --val-files) write the same tokens, masks and conversation ends."""
+    pa, pq, datasets = (pytest.importorskip(name) for name in ("pyarrow", "pyarrow.parquet", "datasets"))
+    datasets.disable_progress_bars()
+    splits = {"train": [{"messages": CONVERSATION}, *arithmetic(30, 4)], "val": arithmetic(6, 5)}
+    for split, records in splits.items():
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+        pq.write_table(pa.Table.from_pylist(records), tmp_path / f"{split}.parquet", row_group_size=7)
+        datasets.Dataset.from_list(records).save_to_disk(str(tmp_path / f"{split}_dataset"))
+    written = {}
+    for kind in (".jsonl", ".parquet", "_dataset"):
+        out = tmp_path / f"out{kind}"
+        inputs = [str(tmp_path / f"train{kind}"), "--val-files", str(tmp_path / f"val{kind}")]
+        assert prepare_main(["--chat", "--out", str(out), *inputs]) == 0
+        written[kind] = {name: data for name, data in output_bytes(out).items() if name != "meta.json"}
+    assert written[".parquet"] == written[".jsonl"] == written["_dataset"]
+    assert {"train_000000.mask", "val_000000.mask", "train_ends.bin"} <= set(written[".jsonl"])
+
+
 def test_ids_equal_transformers_apply_chat_template_and_bos_is_not_doubled(tmp_path, monkeypatch):
     """With a BPE tokenizer.json whose tokenizer_config.json holds a chat template, prepare --chat writes
     a multi-turn conversation's ids (each span tokenized on its own) as transformers' apply_chat_template
