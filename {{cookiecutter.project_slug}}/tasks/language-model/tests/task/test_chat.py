@@ -252,29 +252,65 @@ def chat_run(chat_data, run_dir) -> list[str]:
     ]  # fmt: skip
 
 
+# Training that saves the gradients its first optimizer step applies (rank 0; under DDP every rank
+# holds the all-reduced ones) to the file GRADIENTS names.
+FIRST_GRADIENTS = """
+import os, sys
+import torch
+from {{ cookiecutter.package_name }} import train
+
+real_step = torch.optim.AdamW.step
+
+
+def step(self, *args, **kwargs):
+    if not os.path.exists(os.environ["GRADIENTS"]) and os.environ.get("RANK", "0") == "0":
+        torch.save([p.grad.clone() for group in self.param_groups for p in group["params"]], os.environ["GRADIENTS"])
+    return real_step(self, *args, **kwargs)
+
+
+torch.optim.AdamW.step = step
+sys.exit(train.main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.slow
 def test_a_step_weighs_every_trained_token_alike_over_micro_batches_and_processes(chat_data, tmp_path, final_weights):
     """Packs hold uneven numbers of trained tokens. 1 process x batch 8, 1 process x batch 4 with
-    accumulation 2, and 2 gloo processes x batch 4 log the same first loss and gradient norm (1e-6
-    relative: each token's loss divided by the step's trained tokens, not each micro-batch's mean
-    averaged), and end 3 steps at weights far closer to each other than to a run on other batches."""
+    accumulation 2, and 2 gloo processes x batch 4 apply the same gradients at their first step (to
+    1e-6, unclipped) and log the same first loss (1e-6 relative): each token's loss is divided by the
+    step's trained tokens, not each micro-batch's mean averaged. After 3 steps their weights are far
+    closer to each other than to a run on other batches."""
     tokens = Tokens(paths=sorted(chat_data.glob("train_*.bin")))
     trained = Tokens(paths=sorted(chat_data.glob("train_*.mask")), dtype="uint8")
     packs = Packs(tokens, trained, np.fromfile(chat_data / "train_ends.bin", dtype=np.int64), 128, seed=0)
     counts = [int((packs[i][1] != IGNORE).sum()) for i in range(8)]
     assert len(set(counts)) > 1, counts  # uneven: a mean of micro-batch means would differ
+    script = tmp_path / "first_gradients.py"
+    script.write_text(FIRST_GRADIENTS)
     runs = {
         "big": ["data.batch_size=8"],
         "accumulated": ["data.batch_size=4", "trainer.grad_accum_steps=2"],
         "other": ["data.batch_size=4"],
     }
+    common = ["trainer.max_steps=3", "trainer.grad_clip=0"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     for name, extra in runs.items():
-        assert train_main([*chat_run(chat_data, tmp_path / name), "trainer.max_steps=3", *extra]) == 0
-    torchrun(2, [*chat_run(chat_data, tmp_path / "two"), "trainer.max_steps=3", "data.batch_size=4"])
+        command = [sys.executable, str(script), *chat_run(chat_data, tmp_path / name), *common, *extra]
+        done = subprocess.run(
+            command, env={**env, "GRADIENTS": str(tmp_path / f"{name}.pt")}, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    two = [*chat_run(chat_data, tmp_path / "two"), *common, "data.batch_size=4"]
+    torchrun(2, two, script=[str(script)], GRADIENTS=str(tmp_path / "two.pt"))
+    gradients = {name: torch.load(tmp_path / f"{name}.pt") for name in ("big", "accumulated", "two", "other")}
+    for name in ("accumulated", "two"):
+        for mine, reference in zip(gradients[name], gradients["big"], strict=True):
+            torch.testing.assert_close(mine, reference, rtol=0, atol=1e-6)
+    apart = max((a - b).abs().max().item() for a, b in zip(gradients["other"], gradients["big"], strict=True))
+    assert apart > 1e-4  # other batches: the comparison can fail
     first = {name: read_metrics(tmp_path / name)[0] for name in ("big", "accumulated", "two")}
     for name in ("accumulated", "two"):
-        for key in ("train/loss", "train/grad_norm"):
-            assert first[name][key] == pytest.approx(first["big"][key], rel=1e-6), (name, key)
+        assert first[name]["train/loss"] == pytest.approx(first["big"]["train/loss"], rel=1e-6), name
     big, accumulated, two, other = (final_weights(tmp_path / name) for name in ("big", "accumulated", "two", "other"))
     assert max(distance(big, accumulated), distance(big, two)) < distance(big, other) / 20
 
