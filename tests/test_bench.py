@@ -74,22 +74,25 @@ def gpu_check(work: Path) -> list:
 BACKGROUND = {"quick": quick_check, "gpu_cpu_check": gpu_check}
 
 
+def background_json(name: str, command, results: str) -> tuple[str, dict]:
+    """A BACKGROUND command's stdout and the JSON results it wrote, once it succeeded."""
+    code, stdout, stderr, work = background_result(name, command, timeout=1800)
+    assert code == 0, stdout[-2000:] + stderr[-3000:]
+    return stdout, json.loads((work / results).read_text())
+
+
 @pytest.fixture(scope="module")
 def quick():
     """One quick benchmark run: its stdout and its JSON results."""
     pytest.importorskip("lightning")
-    code, stdout, stderr, work = background_result("quick", quick_check, timeout=1800)
-    assert code == 0, stdout[-2000:] + stderr[-3000:]
-    return stdout, json.loads((work / "cpu.json").read_text())
+    return background_json("quick", quick_check, "cpu.json")
 
 
 @pytest.fixture(scope="module")
 def gpu_cpu_check():
     """bench/gpu.sh --cpu-check: its stdout and its JSON results."""
     pytest.importorskip("tokenizers")
-    code, stdout, stderr, work = background_result("gpu_cpu_check", gpu_check, timeout=1800)
-    assert code == 0, stdout[-2000:] + stderr[-3000:]
-    return stdout, json.loads((work / "gpu.json").read_text())
+    return background_json("gpu_cpu_check", gpu_check, "gpu.json")
 
 
 def test_every_figure_is_printed_as_a_name_value_line(quick):

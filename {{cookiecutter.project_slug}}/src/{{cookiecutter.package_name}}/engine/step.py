@@ -67,10 +67,11 @@ def loss_weights(micro_batches: Iterable, weight_fn: WeightFn | None, device: to
     still streamed."""
     batches = iter(micro_batches)
     first = next(batches, None)
-    if first is None or weight_fn is None or weight_fn(first) is None:
+    weight = None if first is None or weight_fn is None else weight_fn(first)
+    if weight is None:
         return itertools.chain([] if first is None else [first], batches), [], None
     batches = [first, *batches]
-    weights = [weight_fn(batch) for batch in batches]
+    weights = [weight, *(weight_fn(batch) for batch in batches[1:])]
     total = distributed.all_reduce_sum(torch.tensor(float(sum(weights)), dtype=torch.float64, device=device))
     return batches, weights, (distributed.world_size() / total.clamp(min=1)).float()
 
