@@ -269,7 +269,7 @@ def test_pitfalls_table_numbers_every_pitfall():
         for line in text.splitlines()
         if line.startswith("| ") and line.split("|")[1].strip().isdigit()
     ]
-    assert numbers == list(range(1, 54))
+    assert numbers == list(range(1, 55))
 
 
 def test_pitfalls_table_names_tests_where_they_are(baked):

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from {{ cookiecutter.package_name }}.engine.errors import DataError
+from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
 from {{ cookiecutter.package_name }}.task import prepare as prepare_module
-from {{ cookiecutter.package_name }}.task.chat import CHATML, ChatTemplate, messages_of
+from {{ cookiecutter.package_name }}.task.chat import CHATML, ChatTemplate, conversation_of
 from {{ cookiecutter.package_name }}.task.config import ModelConfig
 from {{ cookiecutter.package_name }}.task.data import IGNORE, Packs, Tokens, first_fit
-from {{ cookiecutter.package_name }}.task.generate import Chat, _sampler, parse
+from {{ cookiecutter.package_name }}.task.generate import Chat, _sampler, parse, read_tools
 from {{ cookiecutter.package_name }}.task.generate import main as generate_main
 from {{ cookiecutter.package_name }}.task.model import ModelShape, architecture, lm_loss
 from {{ cookiecutter.package_name }}.task.tokenizer import ByteTokenizer, HFTokenizer
@@ -38,14 +38,37 @@ CONVERSATION = [
     {"role": "user", "content": "and 2+2?"},
     {"role": "assistant", "content": "4"},
 ]
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
+# A conversation that calls a tool, as datasets often store one: tools and arguments as JSON strings.
+TOOL_RECORD = {
+    "tools": json.dumps([WEATHER]),
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "weather in Oslo?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}],
+        },
+        {"role": "tool", "name": "get_weather", "content": '{"celsius": -3}'},
+        {"role": "assistant", "content": "-3 C in Oslo."},
+    ],
+}
 
 
 def output_bytes(out) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(out.iterdir())}
 
 
-def trained_text(template: ChatTemplate, messages: list[dict], train_on: str = "assistant") -> list[str]:
-    return [segment.text for segment in template.segments(messages, train_on) if segment.trained]
+def trained_text(template: ChatTemplate, messages: list[dict], train_on: str = "assistant", tools=None) -> list[str]:
+    return [segment.text for segment in template.segments(messages, train_on, tools) if segment.trained]
 
 
 def test_assistant_turns_and_their_end_of_turn_are_trained_and_nothing_else():
@@ -61,6 +84,51 @@ def test_assistant_turns_and_their_end_of_turn_are_trained_and_nothing_else():
     prompt = template.render(CONVERSATION[:2], add_generation_prompt=True)
     assert prompt.endswith("<|im_start|>assistant\n") and text.startswith(prompt + "42<|im_end|>")
     assert template.end_of_turn() == "<|im_end|>"
+    assert text == (
+        "<|im_start|>system\nYou add numbers.<|im_end|>\n<|im_start|>user\nwhat is 17+25?<|im_end|>\n"
+        "<|im_start|>assistant\n42<|im_end|>\n<|im_start|>user\nand 2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n4<|im_end|>\n"
+    )  # ChatML as documented (chat.py), what a run on a tokenizer without a template keeps in its tokenizer/
+
+
+def test_tool_calls_are_trained_and_tool_results_masked_as_transformers_renders_them(tmp_path):
+    """A record that offers a tool, calls it and reads its result: arguments and tools given as JSON strings
+    reach the template as objects; the call (with its end of turn) and the final answer are trained, the
+    tool's result is not; the ids equal transformers' apply_chat_template with tools=, and the prompt that
+    asks for the call is a token prefix. A template without tool support is refused, not trained on a
+    conversation with its calls missing."""
+    transformers = pytest.importorskip("transformers")
+    conversation = conversation_of(TOOL_RECORD, "chat.jsonl:1")
+    messages, tools = conversation["messages"], conversation["tools"]
+    assert tools == [WEATHER] and "content" not in messages[2]
+    assert messages[2]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+    template = ChatTemplate(CHATML)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>'
+    assert trained_text(template, messages, tools=tools) == [call, "-3 C in Oslo.<|im_end|>"]
+    text = template.render(messages, tools=tools)
+    assert text.startswith("<|im_start|>system\nBe brief.\n\n") and json.dumps(WEATHER) in text
+    assert '<|im_start|>tool\n{"celsius": -3}<|im_end|>' in text
+
+    folder = tmp_path / "tok"
+    bpe_tokenizer(folder, tmp_path / "corpus.txt", chat_template=CHATML)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ours = HFTokenizer(folder / "tokenizer.json")
+    ids = [i for segment in template.segments(messages, tools=tools) for i in ours.encode(segment.text)]
+    assert ids == list(theirs.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=False))
+    asking = theirs.apply_chat_template(messages[:2], tools=tools, add_generation_prompt=True, return_dict=False)
+    assert ids[: len(asking)] == list(asking)
+
+    plain = ChatTemplate(
+        "{" + "% for m in messages %" + "}{" + "{ m['role'] }}: {" + "{ m['content'] }}\n{" + "% endfor %}"
+    )
+    with pytest.raises(DataError, match="does not write the tool call 'get_weather': it has no tool support"):
+        plain.segments(messages, tools=tools)
+    source = tmp_path / "tools.jsonl"
+    source.write_text(json.dumps(TOOL_RECORD) + "\n")
+    (folder / "chat_template.jinja").write_text(plain.source)
+    tokenizer = ["--tokenizer", str(folder / "tokenizer.json")]
+    assert prepare_main(["--chat", *tokenizer, "--out", str(tmp_path / "out"), str(source)]) == 2
+    assert not (tmp_path / "out").exists()
 
 
 def test_prepare_chat_writes_masks_by_position_for_every_record_format(tmp_path):
@@ -97,11 +165,13 @@ def test_prepare_chat_writes_masks_by_position_for_every_record_format(tmp_path)
 
 
 def test_jsonl_parquet_and_datasets_conversations_give_the_same_tokens_and_masks(tmp_path):
-    """The same conversations as JSON lines, a Parquet file (messages a list of structs) and a datasets
-    folder (validation ones named by --val-files) write the same tokens, masks and conversation ends."""
+    """The same conversations as JSON lines, a Parquet file (messages a list of structs: every message has
+    every field, null where it had none) and a datasets folder (validation ones named by --val-files),
+    one of them calling a tool, write the same tokens, masks and conversation ends."""
     pa, pq, datasets = (pytest.importorskip(name) for name in ("pyarrow", "pyarrow.parquet", "datasets"))
     datasets.disable_progress_bars()
-    splits = {"train": [{"messages": CONVERSATION}, *arithmetic(30, 4)], "val": arithmetic(6, 5)}
+    # The tool conversation first: pyarrow takes a table's columns from its first row.
+    splits = {"train": [TOOL_RECORD, {"messages": CONVERSATION}, *arithmetic(30, 4)], "val": arithmetic(6, 5)}
     for split, records in splits.items():
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
         pq.write_table(pa.Table.from_pylist(records), tmp_path / f"{split}.parquet", row_group_size=7)
@@ -168,11 +238,16 @@ def test_ids_equal_transformers_apply_chat_template_and_bos_is_not_doubled(tmp_p
         ({"messages": [{"role": "bot", "content": "x"}]}, "role 'bot'"),
         ({"messages": [{"role": "user", "content": "x"}]}, "no assistant turn"),
         ({"prompt": "x", "response": 3}, "must be text"),
+        ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"name": "f"}]}]}, "on an assistant message"),
+        ({"messages": [{"role": "assistant", "tool_calls": [{"arguments": {}}]}]}, "call 0 has no function name"),
+        ({"messages": [{"role": "assistant", "tool_calls": [{"name": "f", "arguments": "{oops"}]}]}, "not JSON"),
+        ({"tools": {"name": "f"}, "messages": CONVERSATION}, "'tools' must be a list of function schemas"),
+        ({"messages": [{"role": "assistant", "content": {"a": 1}}]}, "content is dict, not text"),
     ],
 )
 def test_bad_records_are_one_line_errors(record, message):
     with pytest.raises(DataError) as raised:
-        messages_of(record, "chat.jsonl:1")
+        conversation_of(record, "chat.jsonl:1")
     assert str(raised.value).startswith("chat.jsonl:1: ") and message in str(raised.value)
     assert "\n" not in str(raised.value)
 
@@ -339,6 +414,38 @@ def test_chat_prompts_as_training_cut_them_and_answers_stop_at_the_end_of_turn()
     training = [i for segment in segments for i in ByteTokenizer().encode(segment.text)]
     assert training[: len(prompts[0])] == prompts[0]
     assert bytes(training[len(prompts[0]) :]).decode() == "4<|im_end|>\n"
+
+
+def test_generate_tools_offers_the_functions_as_training_rendered_them(tmp_path):
+    """generate --chat --tools FILE: the prompt ids are those the tool conversation's training ids start
+    with (the tools in the system turn), the call is printed as the model writes it; a --tools file that
+    is not a list of named functions, or --tools without --chat, is a one-line error."""
+    prompts = []
+    messages, tools = (conversation_of(TOOL_RECORD, "x")[key] for key in ("messages", "tools"))
+    segments = ChatTemplate(CHATML).segments(messages, tools=tools)
+    training = [i for segment in segments for i in ByteTokenizer().encode(segment.text)]
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+
+    def sampler(prompt, stop):
+        prompts.append(prompt)
+        out = []
+        for byte in (call + "<|im_end|>\n").encode():
+            out.append(byte)
+            if stop(out):
+                break
+        return out
+
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps([WEATHER]))
+    assert Chat(ByteTokenizer(), sampler, read_tools(str(path))).answer(messages[:2]) == call
+    assert training[: len(prompts[0])] == prompts[0]
+    assert bytes(training[len(prompts[0]) :]).decode().startswith(call + "<|im_end|>")
+    for content, message in [("{", "not JSON"), ('{"name": "f"}', "a list of function schemas")]:
+        path.write_text(content)
+        with pytest.raises(ConfigError, match=message):
+            read_tools(str(path))
+    with pytest.raises(ConfigError, match="use it with --chat"):
+        parse(["--tools", str(path)])
 
 
 @pytest.mark.slow

@@ -1,9 +1,17 @@
 """Conversations for supervised fine-tuning: records to messages, messages to text through the
 tokenizer's chat template, and which tokens of that text are trained.
 
-A record is a conversation, `messages` (a list of {role, content}, roles system, user and
-assistant, any number of turns), or one exchange: `prompt` and `response`, or Alpaca's
-`instruction`, `input` (optional) and `output`.
+A record is a conversation, `messages` (a list of {role, content}, roles system, user, assistant
+and tool, any number of turns), or one exchange: `prompt` and `response`, or Alpaca's
+`instruction`, `input` (optional) and `output`. A conversation may call tools as transformers'
+chat templates expect it: an assistant message's `tool_calls` (a list of {"type": "function",
+"function": {"name", "arguments"}}, or of {"name", "arguments"}; its content may then be empty),
+the results as `tool` messages, and the functions on offer as the record's `tools` (JSON schemas).
+A message's other fields (name, tool_call_id, ...) reach the template as given; fields that are
+null are left out (Parquet gives every message every field of its column), and `arguments` or
+`tools` written as a JSON string are read as the JSON they hold (the templates want objects). The
+template must write every call and every tool it is given: a template that leaves them out (one
+without tool support) is refused, never trained on a conversation with its calls missing.
 
 The chat template is the tokenizer's (chat_template.jinja, or tokenizer_config.json's
 chat_template), rendered as transformers renders it (a sandboxed Jinja environment with
@@ -14,6 +22,11 @@ as variables); a tokenizer without one gets ChatML (CHATML below, Qwen2's and Sm
     What is 2+3?<|im_end|>
     <|im_start|>assistant
     5<|im_end|>
+
+with tools as Hermes and Qwen2.5 write them: the functions in the system turn, one JSON schema a line
+between <tools> and </tools>; each call in the assistant's turn, after its content, as
+<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call> on lines of its own; a result as a
+turn of role tool.
 
 Which text is trained (--train-on): `assistant` (the default) trains every assistant turn, `last`
 the last one, `all` every token. An assistant turn's trained text runs from the end of the prompt
@@ -40,37 +53,37 @@ from datetime import datetime
 
 from ..engine.errors import ConfigError, DataError
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 TRAIN_ON = ("assistant", "all", "last")
 
 # ChatML, for tokenizers without a chat template. Jinja's delimiters are spelled <% %> and << >> here
 # and put back below (this file is itself the output of a template engine that reads the real ones).
 _CHATML = (
-    "<% for message in messages %><<'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n'>>"
-    "<% endfor %><% if add_generation_prompt %><<'<|im_start|>assistant\\n'>><% endif %>"
+    "<% if tools %><<'<|im_start|>system\\n'>><% if messages[0]['role'] == 'system' %>"
+    "<<messages[0]['content'] + '\\n\\n'>><% endif %><<'You may call one or more functions. Each call is a JSON "
+    "object with the name and arguments, inside <tool_call></tool_call> tags. The functions:\\n<tools>'>>"
+    "<% for tool in tools %><<'\\n' + tool | tojson>><% endfor %><<'\\n</tools><|im_end|>\\n'>><% endif %>"
+    "<% for message in messages %><% if not (tools and loop.first and message['role'] == 'system') %>"
+    "<<'<|im_start|>' + message['role'] + '\\n'>><% if message['content'] %><<message['content']>><% endif %>"
+    "<% for call in message['tool_calls'] or [] %><% set function = call['function'] if call['function'] is defined "
+    "else call %><% if message['content'] or not loop.first %><<'\\n'>><% endif %><<'<tool_call>\\n' + "
+    "{'name': function['name'], 'arguments': function['arguments']} | tojson + '\\n</tool_call>'>><% endfor %>"
+    "<<'<|im_end|>\\n'>><% endif %><% endfor %><% if add_generation_prompt %><<'<|im_start|>assistant\\n'>><% endif %>"
 )
 _DELIMITERS = {"<%": "{" + "%", "%>": "%" + "}", "<<": "{" + "{", ">>": "}" + "}"}
 CHATML = re.sub("<%|%>|<<|>>", lambda found: _DELIMITERS[found[0]], _CHATML)
 
 
-def messages_of(record: object, where: str) -> list[dict]:
-    """The conversation a record holds, as [{"role", "content"}, ...] ending with an assistant turn."""
+def conversation_of(record: object, where: str) -> dict:
+    """The conversation a record holds: {"messages": [{"role", "content", ...}, ...]} with an assistant turn,
+    and "tools" when it offers any."""
     if not isinstance(record, dict):
         raise DataError(f"{where}: a record must be a JSON object, not {type(record).__name__}")
     if "messages" in record:
         messages = record["messages"]
         if not isinstance(messages, list) or not messages:
             raise DataError(f"{where}: 'messages' must be a non-empty list of objects with role and content")
-        out = []
-        for index, message in enumerate(messages):
-            if not isinstance(message, dict) or not {"role", "content"} <= message.keys():
-                raise DataError(f"{where}: message {index} is not an object with role and content")
-            role, content = message["role"], message["content"]
-            if role not in ROLES:
-                raise DataError(f"{where}: message {index} has role {role!r}; roles are {', '.join(ROLES)}")
-            if not isinstance(content, str):
-                raise DataError(f"{where}: message {index}'s content is {type(content).__name__}, not text")
-            out.append({"role": role, "content": content})
+        out = [_message(message, index, where) for index, message in enumerate(messages)]
     elif {"prompt", "response"} <= record.keys():
         out = [{"role": "user", "content": record["prompt"]}, {"role": "assistant", "content": record["response"]}]
     elif {"instruction", "output"} <= record.keys():
@@ -83,11 +96,66 @@ def messages_of(record: object, where: str) -> list[dict]:
             f"{where}: no conversation (it has {fields}); --chat reads 'messages', 'prompt' and 'response', "
             "or 'instruction', 'input' and 'output'"
         )
-    if not all(isinstance(m["content"], str) for m in out):
+    if not all(isinstance(m.get("content", ""), str) for m in out):
         raise DataError(f"{where}: prompt and response must be text")
     if not any(m["role"] == "assistant" for m in out):
         raise DataError(f"{where}: the conversation has no assistant turn, nothing to train")
-    return out
+    conversation = {"messages": out}
+    tools = _json_of(record.get("tools"), f"{where}: 'tools'")
+    if tools:
+        if not isinstance(tools, list) or not all(isinstance(tool, dict) and tool_name(tool) for tool in tools):
+            raise DataError(f"{where}: 'tools' must be a list of function schemas, each with a name")
+        conversation["tools"] = tools
+    try:
+        json.dumps(conversation)
+    except (TypeError, ValueError) as err:
+        raise DataError(f"{where}: the conversation holds a value JSON cannot write ({err})") from None
+    return conversation
+
+
+def _message(message: object, index: int, where: str) -> dict:
+    """One message as the template gets it: its fields as given, null ones left out, calls' arguments as JSON."""
+    if not isinstance(message, dict):
+        raise DataError(f"{where}: message {index} is not an object with role and content")
+    message = {key: value for key, value in message.items() if value is not None}
+    role, content, calls = message.get("role"), message.get("content"), message.get("tool_calls")
+    if role not in ROLES:
+        raise DataError(f"{where}: message {index} has role {role!r}; roles are {', '.join(ROLES)}")
+    if calls is not None:
+        if role != "assistant" or not isinstance(calls, list) or not calls:
+            raise DataError(f"{where}: message {index}'s tool_calls must be a non-empty list on an assistant message")
+        message["tool_calls"] = [_call(call, f"{where}: message {index}'s call {n}") for n, call in enumerate(calls)]
+    elif "content" not in message:
+        raise DataError(f"{where}: message {index} is not an object with role and content")
+    if content is not None and not isinstance(content, str):
+        raise DataError(f"{where}: message {index}'s content is {type(content).__name__}, not text")
+    return message
+
+
+def _call(call: object, where: str) -> dict:
+    function = call.get("function", call) if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise DataError(f"{where} has no function name (a call is a name and arguments, or those inside 'function')")
+    call = {key: value for key, value in call.items() if value is not None}
+    function = {key: value for key, value in function.items() if value is not None}
+    function["arguments"] = _json_of(function.get("arguments", {}), f"{where}'s arguments")
+    return {**call, "function": function} if "function" in call else function
+
+
+def _json_of(value: object, where: str) -> object:
+    """A value, or the JSON a string holds (Parquet and many datasets keep arguments and tools as strings)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value) if value.strip() else None
+    except ValueError:
+        raise DataError(f"{where} is a string that is not JSON") from None
+
+
+def tool_name(tool: dict) -> str | None:
+    """A tool's name: {"type": "function", "function": {"name": ...}} or {"name": ...}."""
+    name = (tool.get("function") if isinstance(tool.get("function"), dict) else tool).get("name")
+    return name if isinstance(name, str) and name else None
 
 
 def template_of(companions: dict[str, bytes]) -> tuple[str, str]:
@@ -174,15 +242,20 @@ class ChatTemplate:
         source, origin = template_of(companions)
         return cls(source, special_tokens(companions), origin)
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool = False, tools: list | None = None) -> str:
         try:
-            return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt, **self.special)
+            return self.template.render(
+                messages=messages, tools=tools or None, add_generation_prompt=add_generation_prompt, **self.special
+            )
         except self._error as err:
             raise DataError(f"the chat template ({self.origin}) refused a conversation: {err}") from None
+        except (TypeError, KeyError, AttributeError, IndexError, ValueError) as err:  # a template's own bug
+            raise DataError(f"the chat template ({self.origin}) failed on a conversation ({err!r})") from None
 
-    def segments(self, messages: list[dict], train_on: str = "assistant") -> list[Segment]:
+    def segments(self, messages: list[dict], train_on: str = "assistant", tools: list | None = None) -> list[Segment]:
         """The conversation's text in order, cut where training starts and stops (empty pieces left out)."""
-        text = self.render(messages)
+        text = self.render(messages, tools=tools)
+        self._writes_tools(text, messages, tools)
         if train_on == "all":
             return [Segment(text, True)]
         answers = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
@@ -190,8 +263,8 @@ class ChatTemplate:
             answers = answers[-1:]
         segments, done = [], 0
         for index in answers:
-            prompt = self.render(messages[:index], add_generation_prompt=True)
-            through = self.render(messages[: index + 1]).rstrip()
+            prompt = self.render(messages[:index], add_generation_prompt=True, tools=tools)
+            through = self.render(messages[: index + 1], tools=tools).rstrip()
             if not (text.startswith(prompt) and text.startswith(through) and len(prompt) <= len(through)):
                 raise DataError(
                     f"the chat template ({self.origin}) does not render turn {index} as a continuation of the turns "
@@ -202,13 +275,26 @@ class ChatTemplate:
         segments.append(Segment(text[done:], False))
         return [segment for segment in segments if segment.text]
 
-    def prompt(self, messages: list[dict]) -> list[Segment]:
-        """A conversation that ends with a user turn, with the generation prompt after it, cut as segments()
-        cuts it in training (the text since the last answer and the generation prompt are one span)."""
-        segments = self.segments(messages) if any(m["role"] == "assistant" for m in messages) else []
+    def _writes_tools(self, text: str, messages: list[dict], tools: list | None) -> None:
+        """Refuse a template that drops the tools on offer or an assistant's tool calls (no tool support)."""
+        calls = [call.get("function", call)["name"] for message in messages for call in message.get("tool_calls", ())]
+        names = [("tool call", name) for name in calls] + [("tool", tool_name(tool)) for tool in tools or ()]
+        for kind, name in names:
+            if name not in text:
+                raise DataError(
+                    f"the chat template ({self.origin}) does not write the {kind} {name!r}: it has no tool support; "
+                    "prepare with a tokenizer whose template has (or one without a template: ChatML writes them)"
+                )
+
+    def prompt(self, messages: list[dict], tools: list | None = None) -> list[Segment]:
+        """A conversation that ends with a user (or tool) turn, with the generation prompt after it, cut as
+        segments() cuts it in training (the text since the last answer and the generation prompt are one span)."""
+        answered = any(m["role"] == "assistant" for m in messages)
+        segments = self.segments(messages, tools=tools) if answered else []
         done = sum(len(segment.text) for segment in segments)
-        asking = self.render(messages, add_generation_prompt=True)
-        if not asking.startswith(self.render(messages)[:done]):
+        asking = self.render(messages, add_generation_prompt=True, tools=tools)
+        self._writes_tools(asking, messages, tools)
+        if not asking.startswith(self.render(messages, tools=tools)[:done]):
             raise DataError(f"the chat template ({self.origin}) does not continue the conversation it rendered")
         if segments and not segments[-1].trained:
             done -= len(segments.pop().text)

@@ -4,6 +4,7 @@
     python -m PACKAGE.generate --checkpoint runs/demo/checkpoints/step_00000600.pt --temperature 0.8 --top-k 40
     python -m PACKAGE.generate run.output_dir=runs/sft --chat --prompt "what is 17+25?" --temperature 0
     python -m PACKAGE.generate run.output_dir=runs/sft --chat [--system TEXT]   # turns from stdin, one a line
+    python -m PACKAGE.generate run.output_dir=runs/sft --chat --tools tools.json --prompt "weather in Oslo?"
 
 The model is rebuilt from the checkpoint as for evaluate (restore.py): the checkpoint gives the
 model's and the data's shape only. The tokenizer is the one the run saved in its directory
@@ -17,12 +18,15 @@ the prompt followed by the generated text. Errors are one `error: ...` line: exi
 template (its tokenizer's, or ChatML: task/chat.py) and the generation prompt, tokenized as training
 tokenized conversations; the answer stops at the template's end of turn (or after
 --max-new-tokens) and is printed alone. Without --prompt, each line read from stdin is a user's
-turn, answered in turn, the conversation kept.
+turn, answered in turn, the conversation kept. --tools FILE offers the functions of a JSON file (a
+list of function schemas, as a record's `tools` in prepare --chat) to the template; the answer is
+printed as the model writes it, tool calls included (ChatML: <tool_call> lines).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 import torch
@@ -33,7 +37,7 @@ from ..engine import PACKAGE, cli
 from ..engine.ckpt.restore import beside, load_model_weights, restore_trained
 from ..engine.errors import ConfigError
 from .blocks import KVCache
-from .chat import ChatTemplate
+from .chat import ChatTemplate, tool_name
 from .task import Task
 
 
@@ -102,20 +106,39 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--no-cache", action="store_true")
     parser.add_argument("--chat", action="store_true")
     parser.add_argument("--system", default=None)
+    parser.add_argument("--tools", default=None, metavar="FILE")
     options, rest = parser.parse_known_args(argv)
     if options.max_new_tokens < 1:
         raise ConfigError(f"--max-new-tokens={options.max_new_tokens} must be at least 1")
     if options.temperature < 0 or options.top_k < 0:
         raise ConfigError("--temperature and --top-k must be 0 or more (0: greedy, 0: no top-k)")
+    if options.tools is not None:
+        if not options.chat:
+            raise ConfigError("--tools offers functions to a conversation: use it with --chat")
+        options.tools = read_tools(options.tools)
     return options, rest
+
+
+def read_tools(path: str) -> list[dict]:
+    """--tools FILE: a JSON list of function schemas."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            tools = json.load(file)
+    except OSError as err:
+        raise ConfigError(f"--tools {path}: cannot read it ({err.strerror})") from None
+    except ValueError as err:
+        raise ConfigError(f"--tools {path}: not JSON ({err})") from None
+    if not isinstance(tools, list) or not tools or not all(isinstance(t, dict) and tool_name(t) for t in tools):
+        raise ConfigError(f"--tools {path}: must hold a list of function schemas, each with a name")
+    return tools
 
 
 class Chat:
     """Answers to a conversation with the run's chat template: ids as training cut them, sampling until the
     template's end of turn."""
 
-    def __init__(self, tokenizer, sampler):
-        self.tokenizer, self.sampler = tokenizer, sampler
+    def __init__(self, tokenizer, sampler, tools: list | None = None):
+        self.tokenizer, self.sampler, self.tools = tokenizer, sampler, tools
         self.template = ChatTemplate.of(tokenizer)
         self.end = self.template.end_of_turn()
         marker = tokenizer.encode(self.end) if self.end else []
@@ -127,7 +150,8 @@ class Chat:
         return bool(self.end) and self.end in self.tokenizer.decode(ids)
 
     def answer(self, messages: list[dict]) -> str:
-        prompt = [i for segment in self.template.prompt(messages) for i in self.tokenizer.encode(segment.text)]
+        segments = self.template.prompt(messages, self.tools)
+        prompt = [i for segment in segments for i in self.tokenizer.encode(segment.text)]
         new = self.sampler(prompt, self.ended)
         if self.end_id is not None and new and new[-1] == self.end_id:
             new = new[:-1]
@@ -142,7 +166,8 @@ def generate(argv: list[str]) -> tuple[str, str]:
     tokenizer, sampler = _sampler(rest, options)
     if options.chat:
         system = [{"role": "system", "content": options.system}] if options.system else []
-        return "", Chat(tokenizer, sampler).answer([*system, {"role": "user", "content": options.prompt}])
+        asked = [*system, {"role": "user", "content": options.prompt}]
+        return "", Chat(tokenizer, sampler, options.tools).answer(asked)
     prompt = tokenizer.encode(options.prompt)
     if not prompt:  # start a new document, or from a token drawn with the seed
         start = tokenizer.eot
@@ -199,7 +224,7 @@ def _generate(argv: list[str]) -> int:
 
 def _converse(rest: list[str], options: argparse.Namespace) -> int:
     """--chat without --prompt: each line of stdin is a user's turn; each answer is printed on its own."""
-    chat = Chat(*_sampler(rest, options))
+    chat = Chat(*_sampler(rest, options), options.tools)
     messages = [{"role": "system", "content": options.system}] if options.system else []
     ask = sys.stdin.isatty()
     while True:

@@ -16,10 +16,11 @@ folders skipped). What a file holds follows its name:
 Empty documents are left out; every other document ends with the tokenizer's end-of-document token.
 
 --chat: each JSON line, Parquet or datasets row is a conversation for supervised fine-tuning
-(`messages`, or `prompt` and `response`, or `instruction`, `input` and `output`), rendered with the
-tokenizer's chat template (ChatML without one) and written with a mask of the tokens trained:
---train-on assistant (default: every assistant turn with its end-of-turn marker), last, or all (see
-chat.py for the rule). A conversation is never cut: --max-tokens N drops (and counts) longer ones.
+(`messages`, or `prompt` and `response`, or `instruction`, `input` and `output`; tool calls and
+`tools` as transformers' templates take them), rendered with the tokenizer's chat template (ChatML
+without one) and written with a mask of the tokens trained: --train-on assistant (default: every
+assistant turn with its end-of-turn marker), last, or all (see chat.py for the rule). A
+conversation is never cut: --max-tokens N drops (and counts) longer ones.
 
 Splitting, written into meta.json as split.rule:
     files  --val-files names the validation inputs; everything else trains.
@@ -69,7 +70,7 @@ import numpy as np
 from ..engine import PACKAGE, cli
 from ..engine.ckpt.files import writing
 from ..engine.errors import ConfigError, DataError
-from .chat import TRAIN_ON, ChatTemplate, messages_of
+from .chat import TRAIN_ON, ChatTemplate, conversation_of
 from .tokenizer import ByteTokenizer, load_tokenizer
 
 FORMAT = 2  # 1: one train.bin and one val.bin (still read by data.py)
@@ -182,8 +183,8 @@ def _text_key(value, where: str, key: str) -> bytes:
 
 
 def _conversation(record: object, where: str) -> bytes:
-    """A --chat record as its messages, in JSON (what a worker renders and tokenizes)."""
-    return json.dumps(messages_of(record, where), ensure_ascii=False).encode("utf-8")
+    """A --chat record as its conversation, in JSON (what a worker renders and tokenizes)."""
+    return json.dumps(conversation_of(record, where), ensure_ascii=False).encode("utf-8")
 
 
 def read_jsonl(source: Source, key: str | None) -> Iterator[tuple[str, bytes]]:
@@ -399,7 +400,8 @@ class Conversation:
 def encode_conversations(pieces: list[Piece], dtype: str, tokenizer, chat: tuple[ChatTemplate, str]) -> list:
     """Each conversation rendered with the chat template, its spans tokenized each on its own (chat.py)."""
     template, train_on = chat
-    spans = [template.segments(json.loads(piece.raw), train_on) for piece in pieces]
+    conversations = [json.loads(piece.raw) for piece in pieces]
+    spans = [template.segments(c["messages"], train_on, c.get("tools")) for c in conversations]
     texts = [segment.text.encode("utf-8") for segments in spans for segment in segments]
     encoded = iter(_encode_texts(texts, tokenizer))
     out = []
