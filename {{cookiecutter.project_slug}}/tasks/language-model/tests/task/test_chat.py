@@ -19,7 +19,7 @@ from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
 from {{ cookiecutter.package_name }}.task import prepare as prepare_module
-from {{ cookiecutter.package_name }}.task.chat import CHATML, ChatTemplate, conversation_of
+from {{ cookiecutter.package_name }}.task.chat import CHATML, ChatTemplate, conversation_of, jinja
 from {{ cookiecutter.package_name }}.task.config import ModelConfig
 from {{ cookiecutter.package_name }}.task.data import IGNORE, Packs, Tokens, first_fit
 from {{ cookiecutter.package_name }}.task.generate import Chat, _sampler, parse, read_tools
@@ -118,9 +118,7 @@ def test_tool_calls_are_trained_and_tool_results_masked_as_transformers_renders_
     asking = theirs.apply_chat_template(messages[:2], tools=tools, add_generation_prompt=True, return_dict=False)
     assert ids[: len(asking)] == list(asking)
 
-    plain = ChatTemplate(
-        "{" + "% for m in messages %" + "}{" + "{ m['role'] }}: {" + "{ m['content'] }}\n{" + "% endfor %}"
-    )
+    plain = ChatTemplate(jinja("<% for m in messages %><< m['role'] >>: << m['content'] >>\n<% endfor %>"))
     with pytest.raises(DataError, match="does not write the tool call 'get_weather': it has no tool support"):
         plain.segments(messages, tools=tools)
     source = tmp_path / "tools.jsonl"
@@ -228,6 +226,50 @@ def test_ids_equal_transformers_apply_chat_template_and_bos_is_not_doubled(tmp_p
     with_bos = ChatTemplate(marker + CHATML, {"bos_token": "<|endoftext|>"})
     ids = [i for segment in with_bos.segments(CONVERSATION) for i in ours.encode(segment.text)]
     assert ids[0] == bos and ids.count(bos) == 1
+
+
+# ChatML that marks each answer for transformers' return_assistant_tokens_mask, and writes an assistant's
+# reasoning (as Qwen3's template does) in <think> before its content.
+MARKED = jinja(
+    "<% for m in messages %><<'<|im_start|>' + m['role'] + '\\n'>><% if m['role'] == 'assistant' %><% generation %>"
+    "<% if m['reasoning_content'] %><<'<think>' + m['reasoning_content'] + '</think>'>><% endif %>"
+    "<<m['content'] + '<|im_end|>'>><% endgeneration %><<'\\n'>><% else %><<m['content'] + '<|im_end|>\\n'>>"
+    "<% endif %><% endfor %><% if add_generation_prompt %><<'<|im_start|>assistant\\n'>><% endif %>"
+)
+
+
+def test_generation_blocks_render_and_the_mask_equals_transformers_assistant_mask(tmp_path):
+    """A template with generation blocks (which the Jinja of transformers knows) renders, and the mask made
+    by position equals transformers' return_assistant_tokens_mask, token for token; an assistant's
+    reasoning given as `reasoning` reaches the template as reasoning_content and is trained."""
+    transformers = pytest.importorskip("transformers")
+    record = {"messages": [*CONVERSATION[:4], {"role": "assistant", "content": "4", "reasoning": "2 and 2"}]}
+    messages = conversation_of(record, "x")["messages"]
+    template = ChatTemplate(MARKED)
+    assert trained_text(template, messages) == ["42<|im_end|>", "<think>2 and 2</think>4<|im_end|>"]
+    folder = tmp_path / "tok"
+    bpe_tokenizer(folder, tmp_path / "corpus.txt", chat_template=MARKED)
+    theirs = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ours = HFTokenizer(folder / "tokenizer.json")
+    encoded = [(ours.encode(segment.text), segment.trained) for segment in template.segments(messages)]
+    expected = theirs.apply_chat_template(record["messages"], return_assistant_tokens_mask=True, return_dict=True)
+    assert [i for ids, _ in encoded for i in ids] == expected["input_ids"]
+    assert [int(trained) for ids, trained in encoded for _ in ids] == expected["assistant_masks"]
+
+
+def test_a_template_that_drops_earlier_reasoning_trains_the_last_turn_only_on_request():
+    """A template that writes an assistant's reasoning in its last turn only (as Qwen3's does) renders an
+    earlier answer differently once a later turn follows: --train-on assistant is refused in one line that
+    names --train-on last, which trains the last answer with its reasoning."""
+    forgets = MARKED.replace("m['reasoning_content'] %", "m['reasoning_content'] and loop.last %")
+    assert forgets != MARKED
+    messages = [dict(m, reasoning="think") if m["role"] == "assistant" else m for m in CONVERSATION]
+    messages = conversation_of({"messages": messages}, "x")["messages"]
+    template = ChatTemplate(forgets)
+    with pytest.raises(DataError, match="does not render turn 2 as a continuation") as raised:
+        template.segments(messages)
+    assert "use --train-on last (or all)" in str(raised.value) and "\n" not in str(raised.value)
+    assert trained_text(template, messages, "last") == ["<think>think</think>4<|im_end|>"]
 
 
 @pytest.mark.parametrize(

@@ -11,12 +11,15 @@ A message's other fields (name, tool_call_id, ...) reach the template as given; 
 null are left out (Parquet gives every message every field of its column), and `arguments` or
 `tools` written as a JSON string are read as the JSON they hold (the templates want objects). The
 template must write every call and every tool it is given: a template that leaves them out (one
-without tool support) is refused, never trained on a conversation with its calls missing.
+without tool support) is refused, never trained on a conversation with its calls missing. An
+assistant's reasoning, under any of reasoning_content, thinking or reasoning, reaches the template
+under the first two as well (as transformers passes it); it is part of the answer and trained.
 
 The chat template is the tokenizer's (chat_template.jinja, or tokenizer_config.json's
 chat_template), rendered as transformers renders it (a sandboxed Jinja environment with
-trim_blocks and lstrip_blocks, its tojson, raise_exception and strftime_now, and the special tokens
-as variables); a tokenizer without one gets ChatML (CHATML below, Qwen2's and SmolLM2's format):
+trim_blocks and lstrip_blocks, its tojson, raise_exception and strftime_now, generation blocks,
+and the special tokens as variables); a tokenizer without one gets ChatML (CHATML below, Qwen2's
+and SmolLM2's format):
 
     <|im_start|>user
     What is 2+3?<|im_end|>
@@ -55,6 +58,7 @@ from ..engine.errors import ConfigError, DataError
 
 ROLES = ("system", "user", "assistant", "tool")
 TRAIN_ON = ("assistant", "all", "last")
+REASONING = ("reasoning_content", "thinking", "reasoning")  # an assistant's reasoning, by the names datasets use
 
 # ChatML, for tokenizers without a chat template. Jinja's delimiters are spelled <% %> and << >> here
 # and put back below (this file is itself the output of a template engine that reads the real ones).
@@ -71,7 +75,14 @@ _CHATML = (
     "<<'<|im_end|>\\n'>><% endif %><% endfor %><% if add_generation_prompt %><<'<|im_start|>assistant\\n'>><% endif %>"
 )
 _DELIMITERS = {"<%": "{" + "%", "%>": "%" + "}", "<<": "{" + "{", ">>": "}" + "}"}
-CHATML = re.sub("<%|%>|<<|>>", lambda found: _DELIMITERS[found[0]], _CHATML)
+
+
+def jinja(spelled: str) -> str:
+    """Jinja source from its spelling with <% %> and << >>."""
+    return re.sub("<%|%>|<<|>>", lambda found: _DELIMITERS[found[0]], spelled)
+
+
+CHATML = jinja(_CHATML)
 
 
 def conversation_of(record: object, where: str) -> dict:
@@ -129,6 +140,9 @@ def _message(message: object, index: int, where: str) -> dict:
         raise DataError(f"{where}: message {index} is not an object with role and content")
     if content is not None and not isinstance(content, str):
         raise DataError(f"{where}: message {index}'s content is {type(content).__name__}, not text")
+    reasoning = next((message[key] for key in REASONING if key in message), None)
+    if reasoning is not None:  # under each name templates read it by, as transformers passes it
+        message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
     return message
 
 
@@ -200,10 +214,24 @@ def _environment():
     """Jinja as transformers sets it up for chat templates."""
     try:
         import jinja2
-        from jinja2.ext import loopcontrols
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
+        from jinja2.ext import Extension, loopcontrols
     except ImportError:
         raise ConfigError("chat templates need jinja2: pip install jinja2") from None
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        """Templates may mark an assistant's text with generation ... endgeneration blocks (for transformers'
+        return_assistant_tokens_mask): the block renders its body; the mask here is made by position."""
+
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
 
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
@@ -211,7 +239,7 @@ def _environment():
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -245,7 +273,11 @@ class ChatTemplate:
     def render(self, messages: list[dict], add_generation_prompt: bool = False, tools: list | None = None) -> str:
         try:
             return self.template.render(
-                messages=messages, tools=tools or None, add_generation_prompt=add_generation_prompt, **self.special
+                messages=messages,
+                tools=tools or None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **self.special,
             )
         except self._error as err:
             raise DataError(f"the chat template ({self.origin}) refused a conversation: {err}") from None
@@ -268,7 +300,8 @@ class ChatTemplate:
             if not (text.startswith(prompt) and text.startswith(through) and len(prompt) <= len(through)):
                 raise DataError(
                     f"the chat template ({self.origin}) does not render turn {index} as a continuation of the turns "
-                    "before it, so its answer cannot be told apart from its prompt; use --train-on all"
+                    "before it (does it drop earlier turns' reasoning?), so its answer cannot be told apart from its "
+                    "prompt; use --train-on last (or all)"
                 )
             segments += [Segment(text[done : len(prompt)], False), Segment(text[len(prompt) : len(through)], True)]
             done = len(through)
