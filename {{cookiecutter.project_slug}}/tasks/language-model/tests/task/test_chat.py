@@ -91,7 +91,7 @@ def test_assistant_turns_and_their_end_of_turn_are_trained_and_nothing_else():
     )  # ChatML as documented (chat.py), what a run on a tokenizer without a template keeps in its tokenizer/
 
 
-def test_tool_calls_are_trained_and_tool_results_masked_as_transformers_renders_them(tmp_path):
+def test_tool_calls_are_trained_and_tool_results_masked_as_transformers_renders_them(tmp_path, capsys):
     """A record that offers a tool, calls it and reads its result: arguments and tools given as JSON strings
     reach the template as objects; the call (with its end of turn) and the final answer are trained, the
     tool's result is not; the ids equal transformers' apply_chat_template with tools=, and the prompt that
@@ -126,6 +126,7 @@ def test_tool_calls_are_trained_and_tool_results_masked_as_transformers_renders_
     (folder / "chat_template.jinja").write_text(plain.source)
     tokenizer = ["--tokenizer", str(folder / "tokenizer.json")]
     assert prepare_main(["--chat", *tokenizer, "--out", str(tmp_path / "out"), str(source)]) == 2
+    assert f"error: {source}:1: the chat template (chat_template.jinja) does not write" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

@@ -98,7 +98,7 @@ class Piece:
     raw: bytes  # UTF-8, checked
     start: bool  # a document (or, for the tail rule, a split's part of it) begins here
     end: bool  # the document ends here: the end-of-document token follows
-    chat: bool = False  # raw is a conversation's messages in JSON (--chat): rendered, masked, no end token
+    chat: bool = False  # raw is a conversation in JSON (--chat: chat.conversation_of): rendered, masked, no end token
 
 
 def kind_of(path: Path) -> str:
@@ -183,8 +183,8 @@ def _text_key(value, where: str, key: str) -> bytes:
 
 
 def _conversation(record: object, where: str) -> bytes:
-    """A --chat record as its conversation, in JSON (what a worker renders and tokenizes)."""
-    return json.dumps(conversation_of(record, where), ensure_ascii=False).encode("utf-8")
+    """A --chat record as its conversation and where it was read, in JSON (what a worker renders and tokenizes)."""
+    return json.dumps({**conversation_of(record, where), "where": where}, ensure_ascii=False).encode("utf-8")
 
 
 def read_jsonl(source: Source, key: str | None) -> Iterator[tuple[str, bytes]]:
@@ -397,11 +397,17 @@ class Conversation:
     size: int
 
 
+def _segments(template: ChatTemplate, conversation: dict, train_on: str) -> list:
+    try:
+        return template.segments(conversation["messages"], train_on, conversation.get("tools"))
+    except DataError as err:
+        raise DataError(f"{conversation['where']}: {err}") from None
+
+
 def encode_conversations(pieces: list[Piece], dtype: str, tokenizer, chat: tuple[ChatTemplate, str]) -> list:
     """Each conversation rendered with the chat template, its spans tokenized each on its own (chat.py)."""
     template, train_on = chat
-    conversations = [json.loads(piece.raw) for piece in pieces]
-    spans = [template.segments(c["messages"], train_on, c.get("tools")) for c in conversations]
+    spans = [_segments(template, json.loads(piece.raw), train_on) for piece in pieces]
     texts = [segment.text.encode("utf-8") for segments in spans for segment in segments]
     encoded = iter(_encode_texts(texts, tokenizer))
     out = []
