@@ -6,6 +6,7 @@ import io
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -59,6 +60,16 @@ TOOL_RECORD = {
         },
         {"role": "tool", "name": "get_weather", "content": '{"celsius": -3}'},
         {"role": "assistant", "content": "-3 C in Oslo."},
+    ],
+}
+CLOCK = {"name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}
+TIME_RECORD = {  # a flat call ({name, arguments}) and a flat schema, objects rather than strings
+    "tools": [CLOCK],
+    "messages": [
+        {"role": "user", "content": "time in UTC?"},
+        {"role": "assistant", "content": "Asking.", "tool_calls": [{"name": "get_time", "arguments": {"tz": "UTC"}}]},
+        {"role": "tool", "content": "12:00"},
+        {"role": "assistant", "content": "Noon."},
     ],
 }
 
@@ -119,8 +130,14 @@ def test_tool_calls_are_trained_and_tool_results_masked_as_transformers_renders_
     assert ids[: len(asking)] == list(asking)
 
     plain = ChatTemplate(jinja("<% for m in messages %><< m['role'] >>: << m['content'] >>\n<% endfor %>"))
-    with pytest.raises(DataError, match="does not write the tool call 'get_weather': it has no tool support"):
+    with pytest.raises(DataError, match="does not write the tool 'get_weather': it has no tool support"):
         plain.segments(messages, tools=tools)
+    # Writing the tools (which name the function too) does not stand in for writing the call, nor the reverse.
+    calls = re.search(r"\{. for call in .*?endfor .\}", CHATML)[0]
+    for kind, dropped in [("tool call", CHATML.replace(calls, "")), ("tool", re.sub(r"<tools>.*</tools>", "", CHATML))]:
+        assert dropped != CHATML
+        with pytest.raises(DataError, match=f"does not write the {kind} 'get_weather'"):
+            ChatTemplate(dropped).segments(messages, tools=tools)
     source = tmp_path / "tools.jsonl"
     source.write_text(json.dumps(TOOL_RECORD) + "\n")
     (folder / "chat_template.jinja").write_text(plain.source)
@@ -128,6 +145,22 @@ def test_tool_calls_are_trained_and_tool_results_masked_as_transformers_renders_
     assert prepare_main(["--chat", *tokenizer, "--out", str(tmp_path / "out"), str(source)]) == 2
     assert f"error: {source}:1: the chat template (chat_template.jinja) does not write" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_tool_records_are_put_in_the_shape_templates_read():
+    """A flat call becomes {"type": "function", "function": {name, arguments}}; empty arguments are {}; a list
+    of tools written as JSON strings is read; ChatML writes no empty system text before the tools."""
+    conversation = conversation_of(TIME_RECORD, "x")
+    assert conversation["messages"][1]["tool_calls"] == [
+        {"type": "function", "function": {"name": "get_time", "arguments": {"tz": "UTC"}}}
+    ]
+    call = {"role": "assistant", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": ""}}]}
+    record = {"tools": [json.dumps(CLOCK)], "messages": [{"role": "system", "content": ""}, call]}
+    conversation = conversation_of(record, "x")
+    assert conversation["messages"][1]["tool_calls"][0]["function"]["arguments"] == {}
+    assert conversation["tools"] == [CLOCK]
+    text = ChatTemplate(CHATML).render(conversation["messages"], tools=conversation["tools"])
+    assert text.startswith("<|im_start|>system\nYou may call one or more functions.")
 
 
 def test_prepare_chat_writes_masks_by_position_for_every_record_format(tmp_path):
@@ -166,11 +199,14 @@ def test_prepare_chat_writes_masks_by_position_for_every_record_format(tmp_path)
 def test_jsonl_parquet_and_datasets_conversations_give_the_same_tokens_and_masks(tmp_path):
     """The same conversations as JSON lines, a Parquet file (messages a list of structs: every message has
     every field, null where it had none) and a datasets folder (validation ones named by --val-files),
-    one of them calling a tool, write the same tokens, masks and conversation ends."""
+    two of them calling tools (Arrow fills their arguments' and schemas' missing fields with null), write the
+    same tokens, masks and conversation ends."""
     pa, pq, datasets = (pytest.importorskip(name) for name in ("pyarrow", "pyarrow.parquet", "datasets"))
     datasets.disable_progress_bars()
-    # The tool conversation first: pyarrow takes a table's columns from its first row.
-    splits = {"train": [TOOL_RECORD, {"messages": CONVERSATION}, *arithmetic(30, 4)], "val": arithmetic(6, 5)}
+    # Two tool conversations whose arguments and tools differ in their fields: Arrow merges the structs and
+    # fills each one's missing fields with null. First: pyarrow takes a table's columns from its first row.
+    calls = [conversation_of(TOOL_RECORD, "x"), conversation_of(TIME_RECORD, "x")]
+    splits = {"train": [*calls, {"messages": CONVERSATION}, *arithmetic(30, 4)], "val": arithmetic(6, 5)}
     for split, records in splits.items():
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
         pq.write_table(pa.Table.from_pylist(records), tmp_path / f"{split}.parquet", row_group_size=7)
@@ -273,6 +309,10 @@ def test_a_template_that_drops_earlier_reasoning_trains_the_last_turn_only_on_re
     assert trained_text(template, messages, "last") == ["<think>think</think>4<|im_end|>"]
 
 
+def calling(call: dict) -> dict:
+    return {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [call]}]}
+
+
 @pytest.mark.parametrize(
     ("record", "message"),
     [
@@ -282,8 +322,13 @@ def test_a_template_that_drops_earlier_reasoning_trains_the_last_turn_only_on_re
         ({"messages": [{"role": "user", "content": "x"}]}, "no assistant turn"),
         ({"prompt": "x", "response": 3}, "must be text"),
         ({"messages": [{"role": "user", "content": "x", "tool_calls": [{"name": "f"}]}]}, "on an assistant message"),
-        ({"messages": [{"role": "assistant", "tool_calls": [{"arguments": {}}]}]}, "call 0 has no function name"),
-        ({"messages": [{"role": "assistant", "tool_calls": [{"name": "f", "arguments": "{oops"}]}]}, "not JSON"),
+        (calling({"arguments": {}}), "call 0 has no function name"),
+        (calling({"name": " ", "arguments": {}}), "call 0 has no function name"),
+        (calling({"name": "f", "arguments": "{oops"}), "arguments is a string that is not JSON"),
+        (calling({"name": "f", "arguments": "[1]"}), "arguments are list, not an object"),
+        (calling({"name": "f", "arguments": '"{}"'}), "arguments are str, not an object"),  # JSON written twice
+        (calling({"name": "f", "arguments": {"x": float("nan")}}), "a value JSON cannot write"),
+        ({"tools": 0, "messages": CONVERSATION}, "'tools' must be a list of function schemas, not int"),
         ({"tools": {"name": "f"}, "messages": CONVERSATION}, "'tools' must be a list of function schemas"),
         ({"messages": [{"role": "assistant", "content": {"a": 1}}]}, "content is dict, not text"),
     ],

@@ -5,15 +5,17 @@ A record is a conversation, `messages` (a list of {role, content}, roles system,
 and tool, any number of turns), or one exchange: `prompt` and `response`, or Alpaca's
 `instruction`, `input` (optional) and `output`. A conversation may call tools as transformers'
 chat templates expect it: an assistant message's `tool_calls` (a list of {"type": "function",
-"function": {"name", "arguments"}}, or of {"name", "arguments"}; its content may then be empty),
-the results as `tool` messages, and the functions on offer as the record's `tools` (JSON schemas).
-A message's other fields (name, tool_call_id, ...) reach the template as given; fields that are
-null are left out (Parquet gives every message every field of its column), and `arguments` or
-`tools` written as a JSON string are read as the JSON they hold (the templates want objects). The
-template must write every call and every tool it is given: a template that leaves them out (one
-without tool support) is refused, never trained on a conversation with its calls missing. An
-assistant's reasoning, under any of reasoning_content, thinking or reasoning, reaches the template
-under the first two as well (as transformers passes it); it is part of the answer and trained.
+"function": {"name", "arguments"}}; flat {"name", "arguments"} calls are put in that shape; its
+content may then be empty), the results as `tool` messages, and the functions on offer as the
+record's `tools` (JSON schemas). A message's other fields (name, tool_call_id, ...) reach the
+template as given; null fields are left out (from Parquet and datasets rows, whose structs hold
+every field of their column, at every depth), and `arguments` or `tools` written as JSON strings
+are read as the JSON they hold: arguments must be an object (the templates write it with tojson; a
+string would be written quoted). The template must write every call and every tool it is given:
+one that leaves them out (one without tool support) is refused, never trained on a conversation
+with its calls missing. An assistant's reasoning, under any of reasoning_content, thinking or
+reasoning, reaches the template under the first two as well (as transformers passes it); it is part
+of the answer and trained.
 
 The chat template is the tokenizer's (chat_template.jinja, or tokenizer_config.json's
 chat_template), rendered as transformers renders it (a sandboxed Jinja environment with
@@ -26,10 +28,10 @@ and SmolLM2's format):
     <|im_start|>assistant
     5<|im_end|>
 
-with tools as Hermes and Qwen2.5 write them: the functions in the system turn, one JSON schema a line
-between <tools> and </tools>; each call in the assistant's turn, after its content, as
+with tools in the Hermes format Qwen2.5 uses: the functions in the system turn, one JSON schema a
+line between <tools> and </tools>; each call in the assistant's turn, after its content, as
 <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call> on lines of its own; a result as a
-turn of role tool.
+turn of role tool (Qwen2.5 writes results in a user turn, in <tool_response> tags).
 
 Which text is trained (--train-on): `assistant` (the default) trains every assistant turn, `last`
 the last one, `all` every token. An assistant turn's trained text runs from the end of the prompt
@@ -63,7 +65,7 @@ REASONING = ("reasoning_content", "thinking", "reasoning")  # an assistant's rea
 # ChatML, for tokenizers without a chat template. Jinja's delimiters are spelled <% %> and << >> here
 # and put back below (this file is itself the output of a template engine that reads the real ones).
 _CHATML = (
-    "<% if tools %><<'<|im_start|>system\\n'>><% if messages[0]['role'] == 'system' %>"
+    "<% if tools %><<'<|im_start|>system\\n'>><% if messages[0]['role'] == 'system' and messages[0]['content'] %>"
     "<<messages[0]['content'] + '\\n\\n'>><% endif %><<'You may call one or more functions. Each call is a JSON "
     "object with the name and arguments, inside <tool_call></tool_call> tags. The functions:\\n<tools>'>>"
     "<% for tool in tools %><<'\\n' + tool | tojson>><% endfor %><<'\\n</tools><|im_end|>\\n'>><% endif %>"
@@ -85,9 +87,12 @@ def jinja(spelled: str) -> str:
 CHATML = jinja(_CHATML)
 
 
-def conversation_of(record: object, where: str) -> dict:
+def conversation_of(record: object, where: str, columns: bool = False) -> dict:
     """The conversation a record holds: {"messages": [{"role", "content", ...}, ...]} with an assistant turn,
-    and "tools" when it offers any."""
+    and "tools" when it offers any. columns: a Parquet or datasets row, whose structs hold every field of
+    their column (null where a record had none): nulls are left out at every depth."""
+    if columns:
+        record = _without_nulls(record)
     if not isinstance(record, dict):
         raise DataError(f"{where}: a record must be a JSON object, not {type(record).__name__}")
     if "messages" in record:
@@ -112,16 +117,22 @@ def conversation_of(record: object, where: str) -> dict:
     if not any(m["role"] == "assistant" for m in out):
         raise DataError(f"{where}: the conversation has no assistant turn, nothing to train")
     conversation = {"messages": out}
-    tools = _json_of(record.get("tools"), f"{where}: 'tools'")
+    tools = _tools(record.get("tools"), where)
     if tools:
-        if not isinstance(tools, list) or not all(isinstance(tool, dict) and tool_name(tool) for tool in tools):
-            raise DataError(f"{where}: 'tools' must be a list of function schemas, each with a name")
         conversation["tools"] = tools
     try:
-        json.dumps(conversation)
+        json.dumps(conversation, allow_nan=False)
     except (TypeError, ValueError) as err:
         raise DataError(f"{where}: the conversation holds a value JSON cannot write ({err})") from None
     return conversation
+
+
+def _without_nulls(value: object) -> object:
+    if isinstance(value, dict):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [_without_nulls(item) for item in value]
+    return value
 
 
 def _message(message: object, index: int, where: str) -> dict:
@@ -147,17 +158,38 @@ def _message(message: object, index: int, where: str) -> dict:
 
 
 def _call(call: object, where: str) -> dict:
-    function = call.get("function", call) if isinstance(call, dict) else None
-    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+    """A tool call as {"type": "function", "function": {"name", "arguments": {...}}, ...} (a flat {name,
+    arguments} call is put in that shape, which every template that supports tools reads)."""
+    call = {key: value for key, value in call.items() if value is not None} if isinstance(call, dict) else {}
+    function = call.get("function", call)
+    if not isinstance(function, dict) or not _named(function.get("name")):
         raise DataError(f"{where} has no function name (a call is a name and arguments, or those inside 'function')")
-    call = {key: value for key, value in call.items() if value is not None}
-    function = {key: value for key, value in function.items() if value is not None}
-    function["arguments"] = _json_of(function.get("arguments", {}), f"{where}'s arguments")
-    return {**call, "function": function} if "function" in call else function
+    arguments = _json_of(function.get("arguments", ""), f"{where}'s arguments")
+    arguments = {} if arguments is None else arguments
+    if not isinstance(arguments, dict):
+        raise DataError(f"{where}'s arguments are {type(arguments).__name__}, not an object of named values")
+    if "function" in call:
+        return {**call, "function": {**function, "arguments": arguments}}
+    rest = {key: value for key, value in call.items() if key not in ("name", "arguments", "type")}
+    return {"type": "function", **rest, "function": {"name": function["name"], "arguments": arguments}}
+
+
+def _tools(value: object, where: str) -> list[dict]:
+    """A record's tools: a list of function schemas (each may be a JSON string), or a JSON string of one."""
+    tools = _json_of(value, f"{where}: 'tools'")
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise DataError(f"{where}: 'tools' must be a list of function schemas, not {type(tools).__name__}")
+    tools = [_json_of(tool, f"{where}: tool {n}") for n, tool in enumerate(tools)]
+    if not all(isinstance(tool, dict) and tool_name(tool) for tool in tools):
+        raise DataError(f"{where}: 'tools' must be a list of function schemas, each with a name")
+    return tools
 
 
 def _json_of(value: object, where: str) -> object:
-    """A value, or the JSON a string holds (Parquet and many datasets keep arguments and tools as strings)."""
+    """A value, or the JSON a string holds (Parquet and many datasets keep arguments and tools as strings);
+    an empty string is None."""
     if not isinstance(value, str):
         return value
     try:
@@ -166,10 +198,14 @@ def _json_of(value: object, where: str) -> object:
         raise DataError(f"{where} is a string that is not JSON") from None
 
 
+def _named(name: object) -> bool:
+    return isinstance(name, str) and bool(name.strip())
+
+
 def tool_name(tool: dict) -> str | None:
     """A tool's name: {"type": "function", "function": {"name": ...}} or {"name": ...}."""
     name = (tool.get("function") if isinstance(tool.get("function"), dict) else tool).get("name")
-    return name if isinstance(name, str) and name else None
+    return name if _named(name) else None
 
 
 def template_of(companions: dict[str, bytes]) -> tuple[str, str]:
@@ -309,15 +345,29 @@ class ChatTemplate:
         return [segment for segment in segments if segment.text]
 
     def _writes_tools(self, text: str, messages: list[dict], tools: list | None) -> None:
-        """Refuse a template that drops the tools on offer or an assistant's tool calls (no tool support)."""
-        calls = [call.get("function", call)["name"] for message in messages for call in message.get("tool_calls", ())]
-        names = [("tool call", name) for name in calls] + [("tool", tool_name(tool)) for tool in tools or ()]
-        for kind, name in names:
-            if name not in text:
-                raise DataError(
-                    f"the chat template ({self.origin}) does not write the {kind} {name!r}: it has no tool support; "
-                    "prepare with a tokenizer whose template has (or one without a template: ChatML writes them)"
-                )
+        """Refuse a template that leaves out the tools on offer or an assistant's tool calls (one without tool
+        support): the text rendered with them holds each name more often than the text rendered without."""
+        checks = []
+        if tools:
+            checks.append(("tool", [tool_name(tool) for tool in tools], messages, None))
+        for index, message in enumerate(messages):
+            if "tool_calls" in message:
+                bare = {key: value for key, value in message.items() if key != "tool_calls"}
+                bare["content"] = message.get("content") or ""
+                names = [call["function"]["name"] for call in message["tool_calls"]]
+                checks.append(("tool call", names, [*messages[:index], bare, *messages[index + 1 :]], tools))
+        for kind, names, without, offered in checks:
+            try:
+                plain = self.render(without, tools=offered)
+            except DataError:  # the template needs what was taken away: it reads it
+                continue
+            for name in set(names):
+                if text.count(name) - plain.count(name) < names.count(name):
+                    raise DataError(
+                        f"the chat template ({self.origin}) does not write the {kind} {name!r}: it has no tool "
+                        "support; use a tokenizer whose template has it, or one without a template (ChatML writes "
+                        "tools and calls)"
+                    )
 
     def prompt(self, messages: list[dict], tools: list | None = None) -> list[Segment]:
         """A conversation that ends with a user (or tool) turn, with the generation prompt after it, cut as

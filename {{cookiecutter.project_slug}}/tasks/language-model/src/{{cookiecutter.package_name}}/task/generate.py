@@ -159,10 +159,9 @@ class Chat:
         return text.split(self.end, 1)[0] if self.end else text
 
 
-def generate(argv: list[str]) -> tuple[str, str]:
-    """The prompt and the generated text for the command line's checkpoint and options (--chat: the
-    answer alone after an empty prompt)."""
-    options, rest = parse(argv)
+def generate(options: argparse.Namespace, rest: list[str]) -> tuple[str, str]:
+    """The prompt and the generated text for parse()'s options and the checkpoint the rest names (--chat:
+    the answer alone after an empty prompt)."""
     tokenizer, sampler = _sampler(rest, options)
     if options.chat:
         system = [{"role": "system", "content": options.system}] if options.system else []
@@ -217,7 +216,7 @@ def _generate(argv: list[str]) -> int:
     options, rest = parse(argv)
     if options.chat and not options.prompt:
         return _converse(rest, options)
-    prompt, text = generate(argv)
+    prompt, text = generate(options, rest)
     print(prompt + text)
     return 0
 

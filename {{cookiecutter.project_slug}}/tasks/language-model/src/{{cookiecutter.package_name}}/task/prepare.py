@@ -182,9 +182,10 @@ def _text_key(value, where: str, key: str) -> bytes:
     return value.encode("utf-8")
 
 
-def _conversation(record: object, where: str) -> bytes:
+def _conversation(record: object, where: str, columns: bool = False) -> bytes:
     """A --chat record as its conversation and where it was read, in JSON (what a worker renders and tokenizes)."""
-    return json.dumps({**conversation_of(record, where), "where": where}, ensure_ascii=False).encode("utf-8")
+    conversation = conversation_of(record, where, columns)
+    return json.dumps({**conversation, "where": where}, ensure_ascii=False).encode("utf-8")
 
 
 def read_jsonl(source: Source, key: str | None) -> Iterator[tuple[str, bytes]]:
@@ -230,7 +231,7 @@ def _column_texts(source: Source, key: str | None, batches, schema) -> Iterator[
         row = 0
         for batch in batches:
             for record in batch.to_pylist():
-                yield _conversation(record, f"{source.path}: row {row}")
+                yield _conversation(record, f"{source.path}: row {row}", columns=True)
                 row += 1
         return
     if key not in schema.names:
