@@ -19,6 +19,7 @@ import torch
 from {{ cookiecutter.package_name }}.engine.errors import ConfigError, DataError
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
+from {{ cookiecutter.package_name }}.task import generate as generate_module
 from {{ cookiecutter.package_name }}.task import prepare as prepare_module
 from {{ cookiecutter.package_name }}.task.chat import CHATML, ChatTemplate, conversation_of, jinja
 from {{ cookiecutter.package_name }}.task.config import ModelConfig
@@ -504,20 +505,23 @@ def test_chat_prompts_as_training_cut_them_and_answers_stop_at_the_end_of_turn()
     assert bytes(training[len(prompts[0]) :]).decode() == "4<|im_end|>\n"
 
 
-def test_generate_tools_offers_the_functions_as_training_rendered_them(tmp_path):
-    """generate --chat --tools FILE: the prompt ids are those the tool conversation's training ids start
-    with (the tools in the system turn), the call is printed as the model writes it; a --tools file that
-    is not a list of named functions, or --tools without --chat, is a one-line error."""
+def test_generate_tools_offers_the_functions_as_training_rendered_them(tmp_path, monkeypatch, capsys):
+    """generate --chat --tools FILE, turns from stdin: the prompt ids are those the tool conversation's
+    training ids start with (the tools in the system turn); the call is printed as the model writes it; a
+    "tool: " line is the tool's result, and the prompt that asks for the final answer is the training ids'
+    prefix too. A --tools file that is not a list of named functions, or --tools without --chat, is a
+    one-line error."""
     prompts = []
     messages, tools = (conversation_of(TOOL_RECORD, "x")[key] for key in ("messages", "tools"))
     segments = ChatTemplate(CHATML).segments(messages, tools=tools)
     training = [i for segment in segments for i in ByteTokenizer().encode(segment.text)]
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+    answers = iter([call, "-3 C in Oslo."])
 
     def sampler(prompt, stop):
         prompts.append(prompt)
         out = []
-        for byte in (call + "<|im_end|>\n").encode():
+        for byte in (next(answers) + "<|im_end|>\nand on").encode():
             out.append(byte)
             if stop(out):
                 break
@@ -525,9 +529,15 @@ def test_generate_tools_offers_the_functions_as_training_rendered_them(tmp_path)
 
     path = tmp_path / "tools.json"
     path.write_text(json.dumps([WEATHER]))
-    assert Chat(ByteTokenizer(), sampler, read_tools(str(path))).answer(messages[:2]) == call
-    assert training[: len(prompts[0])] == prompts[0]
-    assert bytes(training[len(prompts[0]) :]).decode().startswith(call + "<|im_end|>")
+    monkeypatch.setattr(generate_module, "_sampler", lambda rest, options: (ByteTokenizer(), sampler))
+    monkeypatch.setattr(sys, "stdin", io.StringIO('weather in Oslo?\ntool: {"celsius": -3}\n'))
+    assert generate_main(["--chat", "--system", "Be brief.", "--tools", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines() == [*call.splitlines(), "-3 C in Oslo."]
+    for prompt in prompts:
+        assert training[: len(prompt)] == prompt
+    asked_for = [bytes(training[len(prompt) :]).decode() for prompt in prompts]
+    assert asked_for[0].startswith(call + "<|im_end|>") and asked_for[1] == "-3 C in Oslo.<|im_end|>\n"
+
     for content, message in [("{", "not JSON"), ('{"name": "f"}', "a list of function schemas")]:
         path.write_text(content)
         with pytest.raises(ConfigError, match=message):

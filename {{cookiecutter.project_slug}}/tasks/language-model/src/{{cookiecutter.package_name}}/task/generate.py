@@ -20,7 +20,8 @@ tokenized conversations; the answer stops at the template's end of turn (or afte
 --max-new-tokens) and is printed alone. Without --prompt, each line read from stdin is a user's
 turn, answered in turn, the conversation kept. --tools FILE offers the functions of a JSON file (a
 list of function schemas, as a record's `tools` in prepare --chat) to the template; the answer is
-printed as the model writes it, tool calls included (ChatML: <tool_call> lines).
+printed as the model writes it, tool calls included (ChatML: <tool_call> lines); reading turns from
+stdin, a line that starts with "tool: " is then the result of the call just made.
 """
 
 from __future__ import annotations
@@ -221,8 +222,12 @@ def _generate(argv: list[str]) -> int:
     return 0
 
 
+TOOL_RESULT = "tool: "  # with --tools, a stdin line that starts so is the result of the call just made
+
+
 def _converse(rest: list[str], options: argparse.Namespace) -> int:
-    """--chat without --prompt: each line of stdin is a user's turn; each answer is printed on its own."""
+    """--chat without --prompt: each line of stdin is a user's turn (with --tools, a line that starts with
+    TOOL_RESULT is a tool's result); each answer is printed on its own."""
     chat = Chat(*_sampler(rest, options), options.tools)
     messages = [{"role": "system", "content": options.system}] if options.system else []
     ask = sys.stdin.isatty()
@@ -232,7 +237,11 @@ def _converse(rest: list[str], options: argparse.Namespace) -> int:
         line = sys.stdin.readline()
         if not line:
             return 0
-        messages.append({"role": "user", "content": line.rstrip("\n")})
+        line = line.rstrip("\n")
+        if options.tools and line.startswith(TOOL_RESULT):
+            messages.append({"role": "tool", "content": line[len(TOOL_RESULT) :]})
+        else:
+            messages.append({"role": "user", "content": line})
         messages.append({"role": "assistant", "content": chat.answer(messages)})
         print(messages[-1]["content"], flush=True)
 
