@@ -178,9 +178,9 @@ def test_prepare_chat_writes_masks_by_position_for_every_record_format(tmp_path)
     out = tmp_path / "out"
     assert prepare_main(["--chat", "--out", str(out), str(source)]) == 0
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["chat"] | {"dropped": None} == {
-        "template": "chatml", "train_on": "assistant", "end_of_turn": "<|im_end|>",
-        "max_tokens": None, "too_long": "dropped", "dropped": None,
+    assert meta["chat"] == {
+        "template": "chatml", "train_on": "assistant", "end_of_turn": "<|im_end|>", "max_tokens": None,
+        "too_long": "dropped", "dropped": {"train": 0, "val": 0}, "truncated": {"train": 0, "val": 0},
     }  # fmt: skip
     tokens = np.fromfile(out / "train_000000.bin", dtype=np.uint16)
     mask = np.fromfile(out / "train_000000.mask", dtype=np.uint8)
@@ -195,6 +195,43 @@ def test_prepare_chat_writes_masks_by_position_for_every_record_format(tmp_path)
     expected = {("42<|im_end|>", "4<|im_end|>"), ("2<|im_end|>",), ("7<|im_end|>",), ("hi<|im_end|>",)}
     assert set(answers) == expected
     assert meta["train"]["trained_tokens"] == int(mask.sum())
+
+
+def test_too_long_conversations_are_dropped_or_truncated_after_an_answer_that_fits(tmp_path, capsys):
+    """--max-tokens N: a longer conversation is dropped (the default) or, --too-long truncate, cut after
+    its last answer that ends within N tokens: the tokens, mask and bytes of its first turns as rendered,
+    the answer's end of turn included; one whose first answer does not fit is dropped. meta.json and the
+    summary line count both. Without --chat, --max-tokens is refused."""
+    template = ChatTemplate(CHATML)
+    first = template.render(CONVERSATION[:3]).rstrip()  # through the first answer's <|im_end|>
+    full = template.render(CONVERSATION)
+    short = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    late = [{"role": "user", "content": "x" * 99}, *CONVERSATION[2:]]  # its first answer ends too late
+    source, val = tmp_path / "chat.jsonl", tmp_path / "val.jsonl"
+    source.write_text("".join(json.dumps({"messages": m}) + "\n" for m in (CONVERSATION, short, late)))
+    val.write_text(json.dumps({"messages": short}) + "\n")
+    limit = len(first) + 5  # the bytes tokenizer: a token a byte
+    assert len(first) < limit < len(full) and len(template.render(late[:2], add_generation_prompt=True)) > limit
+    for rule in ("drop", "truncate"):
+        out = tmp_path / rule
+        common = ["--max-tokens", str(limit), "--too-long", rule, "--val-files", str(val)]
+        assert prepare_main(["--chat", *common, "--out", str(out), str(source)]) == 0
+        meta = json.loads((out / "meta.json").read_text())
+        chat, train = meta["chat"], meta["train"]
+        text = np.fromfile(out / "train_000000.bin", dtype=np.uint16).astype(np.uint8).tobytes().decode()
+        mask = np.fromfile(out / "train_000000.mask", dtype=np.uint8)
+        assert chat["too_long"] == {"drop": "dropped", "truncate": "truncated"}[rule]
+        if rule == "drop":
+            assert (chat["dropped"]["train"], chat["truncated"]["train"]) == (2, 0)
+            assert text == template.render(short)
+        else:
+            assert (chat["dropped"]["train"], chat["truncated"]["train"]) == (1, 1)
+            assert text == first + template.render(short)  # in file order
+            assert train["bytes"] == len(text) and np.fromfile(out / "train_ends.bin", dtype=np.int64)[0] == len(first)
+            assert int(mask.sum()) == len("42<|im_end|>") + len("hello<|im_end|>")
+    assert "longer than --max-tokens: 1 dropped, 1 truncated" in capsys.readouterr().out
+    assert prepare_main(["--max-tokens", "9", "--out", str(tmp_path / "text"), str(source)]) == 2
+    assert "use them with --chat" in capsys.readouterr().err
 
 
 def test_jsonl_parquet_and_datasets_conversations_give_the_same_tokens_and_masks(tmp_path):

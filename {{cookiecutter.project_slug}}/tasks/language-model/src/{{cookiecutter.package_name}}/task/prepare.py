@@ -2,7 +2,7 @@
 
     python -m PACKAGE.prepare --out data/corpus [--tokenizer bytes|tokenizer.json] [--val-fraction 0.05]
         [--val-files PATH...] [--doc-sep STRING] [--text-key text] [--glob '*.py'] [--workers N]
-        [--shard-tokens N] [--chat [--train-on assistant|all|last] [--max-tokens N]] PATH...
+        [--shard-tokens N] [--chat [--train-on assistant|all|last] [--max-tokens N [--too-long truncate]]] PATH...
 
 Each PATH is a file, a Hugging Face `datasets` folder (written by save_to_disk; read offline), or a
 directory read recursively (the files whose names match --glob, default all; hidden files and
@@ -20,7 +20,10 @@ Empty documents are left out; every other document ends with the tokenizer's end
 `tools` as transformers' templates take them), rendered with the tokenizer's chat template (ChatML
 without one) and written with a mask of the tokens trained: --train-on assistant (default: every
 assistant turn with its end-of-turn marker), last, or all (see chat.py for the rule). A
-conversation is never cut: --max-tokens N drops (and counts) longer ones.
+conversation longer than --max-tokens N is dropped (--too-long drop, the default) or truncated after
+its last answer that ends within N tokens (--too-long truncate: its first turns, as the template
+renders them, the answer's end of turn included; dropped when not even its first answer fits, and
+with --train-on all or last, whose only cut is the whole conversation); meta.json counts both.
 
 Splitting, written into meta.json as split.rule:
     files  --val-files names the validation inputs; everything else trains.
@@ -396,6 +399,16 @@ class Conversation:
     ids: np.ndarray
     trained: np.ndarray  # uint8, 1 where the token is a trained target
     size: int
+    answers: list[tuple[int, int]]  # (tokens, bytes) where each trained span ends: where it may be cut
+
+    def cut(self, max_tokens: int) -> Conversation | None:
+        """The conversation up to the end of its last answer that ends within max_tokens (None: none does):
+        its turns from the start, as the template renders them, the answer's end of turn included."""
+        fits = [(tokens, size) for tokens, size in self.answers if tokens <= max_tokens]
+        if not fits:
+            return None
+        tokens, size = fits[-1]
+        return Conversation(self.ids[:tokens], self.trained[:tokens], size, self.answers[: len(fits)])
 
 
 def _segments(template: ChatTemplate, conversation: dict, train_on: str) -> list:
@@ -413,10 +426,13 @@ def encode_conversations(pieces: list[Piece], dtype: str, tokenizer, chat: tuple
     encoded = iter(_encode_texts(texts, tokenizer))
     out = []
     for segments in spans:
-        parts = [(next(encoded), segment.trained) for segment in segments]
+        parts = [(next(encoded), segment) for segment in segments]
         ids = np.concatenate([part for part, _ in parts]).astype(dtype)
-        trained = np.concatenate([np.full(len(part), flag, dtype=np.uint8) for part, flag in parts])
-        out.append(Conversation(ids, trained, sum(len(segment.text.encode("utf-8")) for segment in segments)))
+        trained = np.concatenate([np.full(len(part), segment.trained, dtype=np.uint8) for part, segment in parts])
+        sizes = np.cumsum([len(segment.text.encode("utf-8")) for segment in segments])
+        tokens = np.cumsum([len(part) for part, _ in parts])
+        answers = [(int(t), int(b)) for t, b, (_, segment) in zip(tokens, sizes, parts, strict=True) if segment.trained]
+        out.append(Conversation(ids, trained, int(sizes[-1]), answers))
     return out
 
 
@@ -512,6 +528,10 @@ class Options:
     chat: bool = False
     train_on: str = "assistant"
     max_tokens: int | None = None
+    too_long: str = "drop"
+
+
+TOO_LONG = ("drop", "truncate")
 
 
 class Plan:
@@ -709,6 +729,10 @@ def _check(paths: list[str], out: Path, options: Options, val_paths: list[str]) 
         raise ConfigError(f"--train-on={options.train_on!r}: choose {', '.join(TRAIN_ON)}")
     if options.max_tokens is not None and options.max_tokens < 2:
         raise ConfigError(f"--max-tokens={options.max_tokens} must be at least 2")
+    if options.too_long not in TOO_LONG:
+        raise ConfigError(f"--too-long={options.too_long!r}: choose {', '.join(TOO_LONG)}")
+    if not options.chat and (options.max_tokens is not None or options.too_long != "drop"):
+        raise ConfigError("--max-tokens and --too-long are for conversations: use them with --chat")
     both = {os.path.abspath(p) for p in paths} & {os.path.abspath(p) for p in val_paths}
     if both:
         raise ConfigError(f"{sorted(both)[0]} is named both as an input and in --val-files")
@@ -733,12 +757,15 @@ def _prepare(paths: list[str], out: Path, options: Options, val_paths: list[str]
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     writers = {name: SplitWriter(staging, name, dtype, options.shard_tokens, options.chat) for name in ("train", "val")}
-    dropped = dict.fromkeys(writers, 0)  # conversations longer than --max-tokens
+    dropped = dict.fromkeys(writers, 0)  # conversations longer than --max-tokens, left out
+    truncated = dict.fromkeys(writers, 0)  # and cut after an answer (--too-long truncate)
     try:
         for piece, ids in encoded(plan, tokenizer, dtype, options.workers, chat):
             if options.max_tokens is not None and len(getattr(ids, "ids", ids)) > options.max_tokens:
-                dropped[piece.split] += 1
-                continue
+                ids = ids.cut(options.max_tokens) if options.too_long == "truncate" else None
+                (truncated if ids is not None else dropped)[piece.split] += 1
+                if ids is None:
+                    continue
             writers[piece.split].write(piece, ids)
         splits = {name: writer.finish() for name, writer in writers.items()}
     except BaseException:
@@ -772,8 +799,9 @@ def _prepare(paths: list[str], out: Path, options: Options, val_paths: list[str]
             "train_on": options.train_on,
             "end_of_turn": template.end_of_turn(),
             "max_tokens": options.max_tokens,
-            "too_long": "dropped",
+            "too_long": {"drop": "dropped", "truncate": "truncated"}[options.too_long],
             "dropped": dropped,
+            "truncated": truncated,
         }
     if options.tokenizer != "bytes":
         shutil.copyfile(options.tokenizer, staging / "tokenizer.json")
@@ -830,6 +858,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-on", default="assistant", choices=TRAIN_ON, help="--chat: which tokens are trained "
                         "(every assistant turn, the last one, or all)")  # fmt: skip
     parser.add_argument("--max-tokens", type=int, help="--chat: drop (and count) conversations longer than this")
+    parser.add_argument("--too-long", default="drop", choices=TOO_LONG, help="--chat: a conversation longer than "
+                        "--max-tokens is dropped, or truncated after its last answer that fits")  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     options = Options(
         args.val_fraction,
@@ -842,6 +872,7 @@ def main(argv: list[str] | None = None) -> int:
         args.chat,
         args.train_on,
         args.max_tokens,
+        args.too_long,
     )
     return cli.run(lambda: _prepare_and_say(args, options))
 
@@ -860,7 +891,8 @@ def _prepare_and_say(args: argparse.Namespace, options: Options) -> int:
         print(
             f"conversations: trained tokens {train['trained_tokens']} of {train['tokens']} (--train-on "
             f"{chat['train_on']}, {chat['template']} template, end of turn {chat['end_of_turn']!r}); "
-            f"{sum(chat['dropped'].values())} longer than --max-tokens dropped"
+            f"longer than --max-tokens: {sum(chat['dropped'].values())} dropped, "
+            f"{sum(chat.get('truncated', {}).values())} truncated"
         )
     return 0
 
