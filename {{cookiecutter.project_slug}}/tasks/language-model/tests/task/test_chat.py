@@ -201,7 +201,7 @@ def test_too_long_conversations_are_dropped_or_truncated_after_an_answer_that_fi
     """--max-tokens N: a longer conversation is dropped (the default) or, --too-long truncate, cut after
     its last answer that ends within N tokens: the tokens, mask and bytes of its first turns as rendered,
     the answer's end of turn included; one whose first answer does not fit is dropped. meta.json and the
-    summary line count both. Without --chat, --max-tokens is refused."""
+    summary line count both. Without --chat, --max-tokens is refused, and truncate without --max-tokens."""
     template = ChatTemplate(CHATML)
     first = template.render(CONVERSATION[:3]).rstrip()  # through the first answer's <|im_end|>
     full = template.render(CONVERSATION)
@@ -232,6 +232,8 @@ def test_too_long_conversations_are_dropped_or_truncated_after_an_answer_that_fi
     assert "longer than --max-tokens: 1 dropped, 1 truncated" in capsys.readouterr().out
     assert prepare_main(["--max-tokens", "9", "--out", str(tmp_path / "text"), str(source)]) == 2
     assert "use them with --chat" in capsys.readouterr().err
+    assert prepare_main(["--chat", "--too-long", "truncate", "--out", str(tmp_path / "no_n"), str(source)]) == 2
+    assert "--too-long truncate cuts conversations longer than --max-tokens N: name N" in capsys.readouterr().err
 
 
 def test_jsonl_parquet_and_datasets_conversations_give_the_same_tokens_and_masks(tmp_path):

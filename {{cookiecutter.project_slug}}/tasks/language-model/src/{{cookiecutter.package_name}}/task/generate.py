@@ -21,7 +21,8 @@ tokenized conversations; the answer stops at the template's end of turn (or afte
 turn, answered in turn, the conversation kept. --tools FILE offers the functions of a JSON file (a
 list of function schemas, as a record's `tools` in prepare --chat) to the template; the answer is
 printed as the model writes it, tool calls included (ChatML: <tool_call> lines); reading turns from
-stdin, a line that starts with "tool: " is then the result of the call just made.
+stdin, a line that starts with "tool:" is then the result of the call just made. Every line is
+answered in turn, so the results of several calls in one answer go in one at a time.
 """
 
 from __future__ import annotations
@@ -222,7 +223,7 @@ def _generate(argv: list[str]) -> int:
     return 0
 
 
-TOOL_RESULT = "tool: "  # with --tools, a stdin line that starts so is the result of the call just made
+TOOL_RESULT = "tool:"  # with --tools, a stdin line that starts so is the result of the call just made
 
 
 def _converse(rest: list[str], options: argparse.Namespace) -> int:
@@ -231,6 +232,8 @@ def _converse(rest: list[str], options: argparse.Namespace) -> int:
     chat = Chat(*_sampler(rest, options), options.tools)
     messages = [{"role": "system", "content": options.system}] if options.system else []
     ask = sys.stdin.isatty()
+    if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8 are replaced, not a traceback
+        sys.stdin.reconfigure(errors="replace")
     while True:
         if ask:
             print("> ", end="", flush=True)
@@ -239,7 +242,7 @@ def _converse(rest: list[str], options: argparse.Namespace) -> int:
             return 0
         line = line.rstrip("\n")
         if options.tools and line.startswith(TOOL_RESULT):
-            messages.append({"role": "tool", "content": line[len(TOOL_RESULT) :]})
+            messages.append({"role": "tool", "content": line.removeprefix(TOOL_RESULT).removeprefix(" ")})
         else:
             messages.append({"role": "user", "content": line})
         messages.append({"role": "assistant", "content": chat.answer(messages)})

@@ -21,9 +21,11 @@ Empty documents are left out; every other document ends with the tokenizer's end
 without one) and written with a mask of the tokens trained: --train-on assistant (default: every
 assistant turn with its end-of-turn marker), last, or all (see chat.py for the rule). A
 conversation longer than --max-tokens N is dropped (--too-long drop, the default) or truncated after
-its last answer that ends within N tokens (--too-long truncate: its first turns, as the template
-renders them, the answer's end of turn included; dropped when not even its first answer fits, and
-with --train-on all or last, whose only cut is the whole conversation); meta.json counts both.
+its last answer that ends within N tokens (--too-long truncate: its first turns as the template
+renders them, through that answer's end-of-turn marker, without the line end some templates write
+after it; dropped when not even its first answer fits). With --train-on last or all, the one place
+to cut is after the last answer (all: the end of the text), so truncation can only take off the
+untrained text after it; meta.json counts both.
 
 Splitting, written into meta.json as split.rule:
     files  --val-files names the validation inputs; everything else trains.
@@ -733,6 +735,8 @@ def _check(paths: list[str], out: Path, options: Options, val_paths: list[str]) 
         raise ConfigError(f"--too-long={options.too_long!r}: choose {', '.join(TOO_LONG)}")
     if not options.chat and (options.max_tokens is not None or options.too_long != "drop"):
         raise ConfigError("--max-tokens and --too-long are for conversations: use them with --chat")
+    if options.too_long == "truncate" and options.max_tokens is None:
+        raise ConfigError("--too-long truncate cuts conversations longer than --max-tokens N: name N")
     both = {os.path.abspath(p) for p in paths} & {os.path.abspath(p) for p in val_paths}
     if both:
         raise ConfigError(f"{sorted(both)[0]} is named both as an input and in --val-files")
@@ -828,7 +832,9 @@ def _split_meta(plan: Plan) -> dict:
 def _empty_split(name: str, plan: Plan, documents: int, dropped: int) -> str:
     if dropped:
         too_long = f"--max-tokens={plan.options.max_tokens}"
-        return f"the {name} split is empty: its {dropped} conversations are longer than {too_long}"
+        if plan.options.too_long == "truncate":
+            too_long += " (even cut after their first answer)"
+        return f"the {name} split is empty: every conversation of it ({dropped}) is longer than {too_long}"
     if plan.rule == "hash" and documents == 1:  # the smallest-hash fallback needs two
         return (
             f"no document went to the {name} split with --val-fraction {plan.options.val_fraction}: one document "
@@ -857,7 +863,8 @@ def main(argv: list[str] | None = None) -> int:
                         "or instruction/input/output): rendered with the chat template, with a loss mask")  # fmt: skip
     parser.add_argument("--train-on", default="assistant", choices=TRAIN_ON, help="--chat: which tokens are trained "
                         "(every assistant turn, the last one, or all)")  # fmt: skip
-    parser.add_argument("--max-tokens", type=int, help="--chat: drop (and count) conversations longer than this")
+    parser.add_argument("--max-tokens", type=int, help="--chat: conversations longer than this are dropped "
+                        "or truncated (--too-long), and counted")  # fmt: skip
     parser.add_argument("--too-long", default="drop", choices=TOO_LONG, help="--chat: a conversation longer than "
                         "--max-tokens is dropped, or truncated after its last answer that fits")  # fmt: skip
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -888,11 +895,15 @@ def _prepare_and_say(args: argparse.Namespace, options: Options) -> int:
     )
     if "chat" in meta:
         chat = meta["chat"]
+        too_long = ""
+        if chat["max_tokens"] is not None:
+            too_long = (
+                f"; longer than --max-tokens: {sum(chat['dropped'].values())} dropped, "
+                f"{sum(chat['truncated'].values())} truncated"
+            )
         print(
             f"conversations: trained tokens {train['trained_tokens']} of {train['tokens']} (--train-on "
-            f"{chat['train_on']}, {chat['template']} template, end of turn {chat['end_of_turn']!r}); "
-            f"longer than --max-tokens: {sum(chat['dropped'].values())} dropped, "
-            f"{sum(chat.get('truncated', {}).values())} truncated"
+            f"{chat['train_on']}, {chat['template']} template, end of turn {chat['end_of_turn']!r}){too_long}"
         )
     return 0
 
