@@ -376,7 +376,8 @@ class ChatTemplate:
         segments = self.segments(messages, tools=tools) if answered else []
         done = sum(len(segment.text) for segment in segments)
         asking = self.render(messages, add_generation_prompt=True, tools=tools)
-        self._writes_tools(asking, messages, tools)
+        if not answered:  # segments() has checked the tools otherwise
+            self._writes_tools(asking, messages, tools)
         if not asking.startswith(self.render(messages, tools=tools)[:done]):
             raise DataError(f"the chat template ({self.origin}) does not continue the conversation it rendered")
         if segments and not segments[-1].trained:

@@ -765,11 +765,12 @@ def _prepare(paths: list[str], out: Path, options: Options, val_paths: list[str]
     truncated = dict.fromkeys(writers, 0)  # and cut after an answer (--too-long truncate)
     try:
         for piece, ids in encoded(plan, tokenizer, dtype, options.workers, chat):
-            if options.max_tokens is not None and len(getattr(ids, "ids", ids)) > options.max_tokens:
+            if options.max_tokens is not None and len(ids.ids) > options.max_tokens:  # --chat: Conversations
                 ids = ids.cut(options.max_tokens) if options.too_long == "truncate" else None
-                (truncated if ids is not None else dropped)[piece.split] += 1
                 if ids is None:
+                    dropped[piece.split] += 1
                     continue
+                truncated[piece.split] += 1
             writers[piece.split].write(piece, ids)
         splits = {name: writer.finish() for name, writer in writers.items()}
     except BaseException:
