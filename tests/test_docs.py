@@ -262,7 +262,7 @@ def test_docs_build_strictly(tmp_path):
 
 
 def test_pitfalls_table_numbers_every_pitfall():
-    """docs/pitfalls.md has one row for each of the fifty-four pitfalls, numbered in order, each
+    """docs/pitfalls.md has one row for each of the fifty-five pitfalls, numbered in order, each
     inside a table (after a row or a table's header; after a blank line it would be loose text)."""
     lines = (ROOT / "docs" / "pitfalls.md").read_text(encoding="utf-8").splitlines()
     rows = [
@@ -270,7 +270,7 @@ def test_pitfalls_table_numbers_every_pitfall():
         for i, line in enumerate(lines)
         if line.startswith("| ") and line.split("|")[1].strip().isdigit()
     ]
-    assert [int(lines[i].split("|")[1]) for i in rows] == list(range(1, 55))
+    assert [int(lines[i].split("|")[1]) for i in rows] == list(range(1, 56))
     assert all(lines[i - 1].startswith("|") for i in rows)
 
 

@@ -1,6 +1,7 @@
 """Small random Hugging Face models and tokenizers, made here by `transformers` and `tokenizers`
-(offline): the llama family's (Llama, Qwen2, Mistral) and a byte-level BPE tokenizer with a chat
-template, saved as the folders a user downloads."""
+(offline): the llama family's (Llama, Qwen2, Mistral), a byte-level BPE tokenizer with a chat
+template, and a tokenizer of each style that checkpoints ship (STYLES) with the chat template of a
+family (TEMPLATES), saved as the folders a user downloads."""
 
 import json
 import re
@@ -11,11 +12,13 @@ CORPUS = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for 
 # A ChatML template in Jinja, as tokenizer_config.json holds one, written with <% %> and << >> so
 # that this file carries no template markup of its own (the template's bake checks for leftovers).
 MARKUP = {"<%": "{" + "%", "%>": "%" + "}", "<<": "{" + "{", ">>": "}" + "}"}
-CHAT_TEMPLATE = re.sub(
-    "<%|%>|<<|>>",
-    lambda found: MARKUP[found[0]],
-    "<% for m in messages %><|im_start|><< m['role'] >>\n<< m['content'] >><|im_end|>\n<% endfor %>",
-)
+
+
+def jinja(spelled: str) -> str:
+    return re.sub("<%|%>|<<|>>", lambda found: MARKUP[found[0]], spelled)
+
+
+CHAT_TEMPLATE = jinja("<% for m in messages %><|im_start|><< m['role'] >>\n<< m['content'] >><|im_end|>\n<% endfor %>")
 SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96}
 
 
@@ -79,3 +82,108 @@ def llama_folder(folder, model_type: str, keys: dict, vocab_size: int, shards: b
         config["rope_scaling"] = None if rope["rope_type"] == "default" else rope
         (folder / "config.json").write_text(json.dumps(config))
     return model
+
+
+# Chat templates of the families, as their tokenizer_config.json holds them (the parts that decide the
+# text: headers, what is stripped, the end of turn), each with the special tokens it names.
+TEMPLATES = {
+    "llama3": (
+        jinja(
+            "<<bos_token>><% for m in messages %><<'<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + "
+            "m['content'] | trim + '<|eot_id|>'>><% endfor %><% if add_generation_prompt %>"
+            "<<'<|start_header_id|>assistant<|end_header_id|>\\n\\n'>><% endif %>"
+        ),
+        {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    ),
+    "llama2": (  # Llama 2 chat and Mistral v0.1: no generation prompt, the answer after "[/INST]" and a space
+        jinja(
+            "<% if messages[0]['role'] == 'system' %><% set system = messages[0]['content'] %>"
+            "<% set turns = messages[1:] %><% else %><% set system = false %><% set turns = messages %><% endif %>"
+            "<% for m in turns %><% if loop.index0 == 0 and system %><% set content = '<' + '<SYS>' + '>\\n' + "
+            "system + '\\n<' + '</SYS>' + '>\\n\\n' + m['content'] %><% else %><% set content = m['content'] %>"
+            "<% endif %><% if m['role'] == 'user' %>"
+            "<<bos_token + '[INST] ' + content.strip() + ' [/INST]'>><% elif m['role'] == 'assistant' %>"
+            "<<' ' + content.strip() + ' ' + eos_token>><% endif %><% endfor %>"
+        ),
+        {"bos_token": "<s>", "eos_token": "</s>"},
+    ),
+    "gemma": (
+        jinja(
+            "<<bos_token>><% for m in messages %><% set role = 'model' if m['role'] == 'assistant' else m['role'] %>"
+            "<<'<start_of_turn>' + role + '\\n' + m['content'] | trim + '<end_of_turn>\\n'>><% endfor %>"
+            "<% if add_generation_prompt %><<'<start_of_turn>model\\n'>><% endif %>"
+        ),
+        {"bos_token": "<bos>", "eos_token": "<end_of_turn>"},
+    ),
+}
+CHATML_SPECIAL = {"eos_token": "<|im_end|>"}
+SPECIAL = ["<unk>", "<s>", "</s>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>"]
+SPECIAL += ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<bos>", "<start_of_turn>", "<end_of_turn>"]
+GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_SPLIT = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"""
+    r"""|\s+(?!\S)|\s+"""
+)
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+# Tokenizer styles by the checkpoints that ship them, and the template each is tried with first.
+STYLES = {
+    "gpt2": "chatml",  # byte-level BPE, GPT-2's pre-tokenizer, no prefix space (GPT-2, SmolLM2)
+    "gpt2-prefix": "chatml",  # the same with add_prefix_space (a space before each text)
+    "qwen2": "chatml",  # byte-level, Qwen2's regex (digits one by one)
+    "llama3": "llama3",  # byte-level, Llama 3's regex
+    "metaspace-first": "llama2",  # SentencePiece as transformers converts Llama 2 and Mistral today
+    "metaspace-always": "chatml",  # Metaspace that puts its "▁" before every text
+    "legacy": "llama2",  # the legacy Llama normalizer: Prepend("▁") + Replace (Llama 2, TinyLlama, Mistral v0.1)
+    "gemma": "gemma",  # spaces as "▁", no prefix at all (Gemma)
+}
+
+
+def style_tokenizer(style: str, folder, corpus: list[str], template: str, special: dict, vocab_size: int = 600):
+    """A BPE tokenizer of a STYLES style trained on corpus, saved in folder with chat_template (and the
+    special tokens it names) as save_pretrained writes it; SentencePiece styles fall back to bytes
+    (<0x00>..<0xFF>) as Llama's do. Returns the folder's tokenizer.json."""
+    import tokenizers
+    import transformers
+    from tokenizers import decoders, normalizers, pre_tokenizers
+
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(unk_token="<unk>", byte_fallback=True))
+    llama_decoder = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+    alphabet = []
+    if style in ("gpt2", "gpt2-prefix", "qwen2", "llama3"):
+        level = pre_tokenizers.ByteLevel(add_prefix_space=style == "gpt2-prefix", use_regex=False)
+        split = {"qwen2": QWEN2_SPLIT, "llama3": LLAMA3_SPLIT}.get(style, GPT2_SPLIT)
+        split = pre_tokenizers.Split(tokenizers.Regex(split), "isolated")
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([split, level])
+        tokenizer.decoder = decoders.ByteLevel()
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+    elif style.startswith("metaspace"):
+        scheme = style.split("-")[1]
+        tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme=scheme, split=scheme == "always")
+        tokenizer.decoder = decoders.Sequence([*llama_decoder, decoders.Strip(" ", 1, 0)])
+    elif style == "legacy":
+        tokenizer.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+        tokenizer.decoder = decoders.Sequence([*llama_decoder, decoders.Strip(" ", 1, 0)])
+    elif style == "gemma":
+        tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+        tokenizer.decoder = decoders.Sequence(llama_decoder)
+    else:
+        raise ValueError(f"unknown tokenizer style {style!r}")
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, initial_alphabet=alphabet)
+    if alphabet:
+        tokenizer.train_from_iterator(corpus, trainer)
+    else:  # trained as SentencePiece trains Llama's: pieces start at a space ("▁the"), digits one by one
+        kept = tokenizer.pre_tokenizer
+        words = pre_tokenizers.Metaspace(prepend_scheme="always", split=True)
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([words, pre_tokenizers.Digits(individual_digits=True)])
+        tokenizer.train_from_iterator(corpus, trainer)
+        tokenizer.pre_tokenizer = kept
+    if not alphabet:  # byte fallback: the 256 byte tokens in the vocabulary
+        config = json.loads(tokenizer.to_str())
+        vocab = config["model"]["vocab"]
+        for byte in range(256):
+            vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+        tokenizer = tokenizers.Tokenizer.from_str(json.dumps(config))
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", **special)
+    fast.chat_template = template
+    fast.save_pretrained(str(folder))
+    return folder / "tokenizer.json"

@@ -31,7 +31,7 @@ from {{ cookiecutter.package_name }}.task.tokenizer import ByteTokenizer, HFToke
 from {{ cookiecutter.package_name }}.train import main as train_main
 
 from conftest import read_metrics, torchrun
-from hf_folders import bpe_tokenizer
+from hf_folders import STYLES, TEMPLATES, bpe_tokenizer, style_tokenizer
 
 CONVERSATION = [
     {"role": "system", "content": "You add numbers."},
@@ -640,11 +640,16 @@ def sums(pairs, forms) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_a_tiny_llama_learns_to_answer_held_out_sums_and_to_stop(tmp_path, monkeypatch, capsys):
-    """Sums of two digits asked four ways (85 of the 100 pairs, 340 conversations, bytes tokenizer):
-    the nano llama trains for 30 epochs (about 11 s on 2 cores), then answers most of the 15 pairs it
-    never saw (asked the first way) right, greedily, each answer a number ended by its end of turn
-    (14 of 15 when measured); generate --chat reads turns from stdin and answers each."""
+@pytest.mark.parametrize("style", ["bytes", "legacy", "llama3"])
+def test_a_tiny_llama_learns_to_answer_held_out_sums_and_to_stop(style, tmp_path, monkeypatch, capsys):
+    """Sums of two digits asked four ways (85 of the 100 pairs, 340 conversations): the nano llama trains
+    for 30 epochs (about 11 s on 2 cores), then answers most of the 15 pairs it never saw (asked the first
+    way) right, greedily, each answer a number ended by its end of turn; generate --chat reads turns from
+    stdin and answers each. With the bytes tokenizer and ChatML (14 of 15 right when measured), and with
+    BPE tokenizers of 300 tokens trained on the conversations (digits stay digits, as in Llama 2's
+    SentencePiece): Llama 2's style (the legacy normalizer) with its [INST] template, and Llama 3's
+    (byte-level, its regex) with its headers, each 45 epochs of 64-token rows (about 8 s; 15 and 14 of 15
+    right when measured)."""
     pairs = [(a, b) for a in range(10) for b in range(10)]
     random.Random(0).shuffle(pairs)
     held, seen = pairs[:15], pairs[15:]
@@ -652,11 +657,15 @@ def test_a_tiny_llama_learns_to_answer_held_out_sums_and_to_stop(tmp_path, monke
     (tmp_path / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sums(held, SUM_FORMS[:1])))
     data, run = tmp_path / "data", tmp_path / "run"
     inputs = [str(tmp_path / "train.jsonl"), "--val-files", str(tmp_path / "val.jsonl")]
+    if style != "bytes":
+        source, special = TEMPLATES[STYLES[style]]
+        corpus = [ChatTemplate(source, special).render(r["messages"]) for r in sums(seen, SUM_FORMS)]
+        inputs += ["--tokenizer", str(style_tokenizer(style, tmp_path / "tok", corpus, source, special, 300))]
     assert prepare_main(["--chat", "--out", str(data), *inputs]) == 0
     settings = [
-        "data.seq_len=256",
+        f"data.seq_len={256 if style == 'bytes' else 64}",  # about as many steps: a BPE token is 3 bytes
         "data.batch_size=8",
-        "trainer.max_epochs=30",
+        f"trainer.max_epochs={30 if style == 'bytes' else 45}",
         "optim.lr=3e-3",
         "optim.warmup_steps=10",
     ]
@@ -664,7 +673,8 @@ def test_a_tiny_llama_learns_to_answer_held_out_sums_and_to_stop(tmp_path, monke
 
     options, rest = parse(["--chat", "--temperature", "0", "--max-new-tokens", "16", f"run.output_dir={run}"])
     chat = Chat(*_sampler(rest, options))
-    answers = {(a, b): chat.answer([{"role": "user", "content": SUM_FORMS[0].format(a=a, b=b)}]) for a, b in held}
+    asked = {(a, b): [{"role": "user", "content": SUM_FORMS[0].format(a=a, b=b)}] for a, b in held}
+    answers = {pair: chat.answer(messages).strip() for pair, messages in asked.items()}  # Llama 2: " 7 </s>"
     assert all(answer.isdigit() for answer in answers.values()), answers  # each ended at its end of turn
     right = sum(answer == str(a + b) for (a, b), answer in answers.items())
     assert right >= 12, answers
@@ -673,5 +683,7 @@ def test_a_tiny_llama_learns_to_answer_held_out_sums_and_to_stop(tmp_path, monke
     monkeypatch.setattr(sys, "stdin", io.StringIO(f"what is {a}+{b}?\nwhat is {c}+{d}?\n"))
     capsys.readouterr()
     assert generate_main([f"run.output_dir={run}", "--chat", "--temperature", "0", "--max-new-tokens", "16"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 2 and lines[0] == str(a + b) and lines[1].isdigit(), lines
+    lines = [line.strip() for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 2 and lines[0] == str(a + b), lines
+    if style == "bytes":  # a second turn, never seen in training: ChatML's tiny model answers it with a number
+        assert lines[1].isdigit(), lines

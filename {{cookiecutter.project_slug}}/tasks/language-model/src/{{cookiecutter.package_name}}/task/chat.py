@@ -41,12 +41,29 @@ end-of-turn marker the template writes after it (ChatML's <|im_end|>, Llama 3's 
 the next turn's header. The mask is made by position in the text, never by token id (SmolLM2's
 padding id is its end-of-turn id).
 
-Each span is tokenized on its own and the ids joined: the prompt that asks for an answer is always a
-token prefix of the conversation, as at generation time, where the prompt is tokenized alone. A
-BPE could merge across a span's edge when the whole text is tokenized at once; templates put a line
-end or a special token there, where the usual pre-tokenizers cut anyway, and the tests check that
-the ids equal transformers' apply_chat_template for such a template. Special tokens are added by the
-template alone (bos_token where it writes one), never by the tokenizer as well: no doubled BOS.
+Each piece of the text cut this way (the text before an answer, the answer with its end of turn, ...)
+is tokenized on its own and the ids joined (tokenizer.encode_spans), with no prefix put before a
+piece: SentencePiece-style tokenizers (Metaspace, the legacy Llama normalizer) put a "▁" before each
+text they are given, some byte-level ones a space; only the conversation's start gets it, as a text
+tokenized alone does, where no special token comes first and the decoder takes it away again. So:
+
+- the ids spell exactly the rendered text (prepare checks each conversation and refuses, in one line,
+  a tokenizer that changes text), for byte-level BPE with or without a prefix space, Metaspace with
+  prepend_scheme first or always, the legacy Llama normalizer and Gemma's;
+- no token straddles an answer's edges: the trained tokens spell each answer and its end of turn,
+  nothing else;
+- the ids before the first answer are its generation prompt tokenized alone (as generate --chat and
+  an inference server tokenize it), always, and so are the ids before the one trained answer under
+  --train-on last; a later answer follows its own prompt's ids unless a token of that prompt, tokenized
+  whole, would cross an earlier answer's edge (an answer that starts with a line end, after a
+  template's line end, under a tokenizer that merges the two).
+
+Tokenizing the whole text at once instead would give transformers' apply_chat_template ids (where the
+tokenizer puts no prefix after special tokens) but lose the third point wherever a token crosses an
+answer's start, e.g. Llama 3's "\n\n" before each answer under a GPT-2-style pre-tokenizer, which splits
+it from the answer as two "\n" tokens. Both ways are measured, tokenizer style by template, in
+bench/chat_tokens.py. Special tokens are added by the template alone (bos_token where it writes one),
+never by the tokenizer as well: no doubled BOS.
 """
 
 from __future__ import annotations

@@ -153,7 +153,8 @@ class Chat:
 
     def answer(self, messages: list[dict]) -> str:
         segments = self.template.prompt(messages, self.tools)
-        prompt = [i for segment in segments for i in self.tokenizer.encode(segment.text)]
+        (pieces,) = self.tokenizer.encode_spans([[segment.text for segment in segments]])
+        prompt = [i for piece in pieces for i in piece]
         new = self.sampler(prompt, self.ended)
         if self.end_id is not None and new and new[-1] == self.end_id:
             new = new[:-1]

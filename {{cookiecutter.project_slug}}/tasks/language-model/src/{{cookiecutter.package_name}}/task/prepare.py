@@ -421,21 +421,37 @@ def _segments(template: ChatTemplate, conversation: dict, train_on: str) -> list
 
 
 def encode_conversations(pieces: list[Piece], dtype: str, tokenizer, chat: tuple[ChatTemplate, str]) -> list:
-    """Each conversation rendered with the chat template, its spans tokenized each on its own (chat.py)."""
+    """Each conversation rendered with the chat template, cut where training starts and stops, each piece
+    tokenized on its own (tokenizer.encode_spans: no prefix space but at the text's start); refused when
+    the ids do not spell the rendered text exactly."""
     template, train_on = chat
-    spans = [_segments(template, json.loads(piece.raw), train_on) for piece in pieces]
-    texts = [segment.text.encode("utf-8") for segments in spans for segment in segments]
-    encoded = iter(_encode_texts(texts, tokenizer))
+    records = [json.loads(piece.raw) for piece in pieces]
+    spans = [_segments(template, record, train_on) for record in records]
+    encoded = tokenizer.encode_spans([[segment.text for segment in segments] for segments in spans])
+    spelled = tokenizer.spelled([[i for part in parts for i in part] for parts in encoded])
     out = []
-    for segments in spans:
-        parts = [(next(encoded), segment) for segment in segments]
-        ids = np.concatenate([part for part, _ in parts]).astype(dtype)
-        trained = np.concatenate([np.full(len(part), segment.trained, dtype=np.uint8) for part, segment in parts])
+    for record, segments, parts, back in zip(records, spans, encoded, spelled, strict=True):
+        text = "".join(segment.text for segment in segments)
+        if back != text:
+            raise DataError(f"{record['where']}: {unspelled(tokenizer, text, back)}")
+        ids = np.concatenate([np.asarray(part, dtype=np.int64) for part in parts]).astype(dtype)
+        pairs = zip(parts, segments, strict=True)
+        trained = np.concatenate([np.full(len(part), segment.trained, dtype=np.uint8) for part, segment in pairs])
         sizes = np.cumsum([len(segment.text.encode("utf-8")) for segment in segments])
-        tokens = np.cumsum([len(part) for part, _ in parts])
-        answers = [(int(t), int(b)) for t, b, (_, segment) in zip(tokens, sizes, parts, strict=True) if segment.trained]
+        tokens = np.cumsum([len(part) for part in parts])
+        answers = [(int(t), int(b)) for t, b, segment in zip(tokens, sizes, segments, strict=True) if segment.trained]
         out.append(Conversation(ids, trained, int(sizes[-1]), answers))
     return out
+
+
+def unspelled(tokenizer, text: str, spelled: str) -> str:
+    """Why a tokenizer cannot train on a rendered text: where its ids spell something else."""
+    at = next((i for i, (a, b) in enumerate(zip(text, spelled, strict=False)) if a != b), min(len(text), len(spelled)))
+    return (
+        f"the tokenizer {getattr(tokenizer, 'path', tokenizer.name)} does not give the chat template's text back "
+        "(a normalizer or pre-tokenizer that changes text, or characters it cannot encode): at character "
+        f"{at} the template wrote {text[at : at + 20]!r}, its tokens spell {spelled[at : at + 20]!r}"
+    )
 
 
 def encode_pieces(pieces: list[Piece], dtype: str, tokenizer=None, chat=None) -> list:

@@ -2,7 +2,9 @@
 Hugging Face tokenizer.json through the `tokenizers` package.
 
 Each has encode(text) -> list of ids, decode(ids) -> text, vocab_size, and eot: the id that ends a
-document in the token files (None when the tokenizer has none).
+document in the token files (None when the tokenizer has none). Those that tokenize conversations
+(bytes, tokenizer.json) also have encode_spans(texts), each text given as the pieces training cuts it
+into, and spelled(ids): the text ids stand for, special tokens included.
 
 A run carries its tokenizer: training writes it into the run directory (tokenizer/, through
 Task.model_files) and export into export/tokenizer/, as `tokenizer/meta.json` (which tokenizer,
@@ -15,6 +17,7 @@ a run refuses data prepared with another tokenizer (`identity`).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import string
@@ -37,6 +40,12 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def encode_spans(self, texts: list[list[str]]) -> list[list[list[int]]]:
+        return [[self.encode(piece) for piece in pieces] for pieces in texts]
+
+    def spelled(self, ids: list[list[int]]) -> list[str]:
+        return [self.decode(each) for each in ids]
 
 
 class AlphabetTokenizer:
@@ -78,6 +87,7 @@ class HFTokenizer:
             from tokenizers import Tokenizer
         except ImportError:
             raise ConfigError("a tokenizer.json needs the tokenizers package: pip install -e '.[tokenizers]'") from None
+        self.path = Path(path)
         try:
             self.json = Path(path).read_bytes()  # kept: a run and its export carry the file itself
             self.tokenizer = Tokenizer.from_str(self.json.decode("utf-8"))
@@ -108,6 +118,69 @@ class HFTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def encode_spans(self, texts: list[list[str]]) -> list[list[list[int]]]:
+        """The ids of each text given as pieces (a conversation cut where training starts and stops), each
+        piece tokenized on its own, with no prefix put before it: the tokenizer's prefix (SentencePiece's "▁",
+        a byte-level prefix space) goes only at a text's start, and there only when its decoder takes it away
+        again and no special token comes first, as a text tokenized alone gets it. So a text's ids spell
+        exactly its pieces joined (checked by the caller with spelled()), where encode() would put a "▁" or a
+        space before every piece (prepend_scheme first: each piece is a first section) or after every
+        special token (prepend_scheme always, the legacy Llama normalizer, add_prefix_space)."""
+        cut, start = self._pieces
+        flat = [piece for pieces in texts for piece in pieces]
+        first = 0
+        for pieces in texts:  # a text's start, where no special token opens it, gets the start prefix
+            if pieces and start and not pieces[0].startswith(self._added):
+                flat[first] = start + pieces[0]
+            first += len(pieces)
+        encoded = iter(encoding.ids for encoding in cut.encode_batch(flat, add_special_tokens=False))
+        return [[next(encoded) for _ in pieces] for pieces in texts]
+
+    def spelled(self, ids: list[list[int]]) -> list[str]:
+        """The text each list of ids stands for, special tokens written out (as a chat template writes them)."""
+        return self.tokenizer.decode_batch(ids, skip_special_tokens=False)
+
+    @functools.cached_property
+    def _pieces(self):
+        """(this tokenizer without the prefix it puts before each piece of text, the prefix a text's start
+        gets: the one taken out, where the decoder takes it away again; "" where it does not)."""
+        from tokenizers import Tokenizer
+
+        config, taken = json.loads(self.json), []
+        for key in ("normalizer", "pre_tokenizer"):
+            config[key] = _without_prefix(config.get(key), taken)
+        cut = Tokenizer.from_str(json.dumps(config))
+        removed = [p for p in taken if self.spelled([cut.encode(p + "a", add_special_tokens=False).ids]) == ["a"]]
+        return cut, (removed or [""])[0]
+
+    @functools.cached_property
+    def _added(self) -> tuple[str, ...]:
+        return tuple(token.content for token in self.tokenizer.get_added_tokens_decoder().values())
+
+
+def _without_prefix(node: object, taken: list[str]) -> object:
+    """A tokenizer.json normalizer or pre-tokenizer without the prefix it puts before each piece of text: a
+    Prepend normalizer left out, Metaspace's prepend_scheme "never", ByteLevel's add_prefix_space false; each
+    prefix taken out is added to taken."""
+    if isinstance(node, list):
+        return [kept for kept in (_without_prefix(item, taken) for item in node) if kept is not None]
+    if not isinstance(node, dict):
+        return node
+    kind = node.get("type")
+    if kind == "Prepend":
+        taken.append(node.get("prepend", ""))
+        return None
+    node = {key: _without_prefix(value, taken) for key, value in node.items()}
+    if kind == "Metaspace":
+        scheme = node.get("prepend_scheme", "always" if node.get("add_prefix_space", True) else "never")
+        if scheme != "never":
+            taken.append(node.get("replacement", "\u2581"))
+        node |= {"prepend_scheme": "never"} | ({"add_prefix_space": False} if "add_prefix_space" in node else {})
+    if kind == "ByteLevel" and node.get("add_prefix_space"):
+        taken.append(" ")
+        node["add_prefix_space"] = False
+    return node
 
 
 def load_tokenizer(spec: str):
