@@ -74,6 +74,7 @@ TASK_FILES = {
         "src/PKG/generate.py",
         *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_prepare", "test_model")),
         *(f"tests/task/{n}.py" for n in ("test_commands", "test_hf", "test_llama", "test_chat")),
+        "tests/task/test_chat_tokens.py",  # conversations' ids under each tokenizer style
         "tests/task/hf_folders.py",  # small Hugging Face folders the tests make
         "tests/task/fixtures/flat_layout_step_3.checkpoint",  # the flat layout's, before task/
     },

@@ -135,3 +135,26 @@ def test_a_tokenizer_that_changes_text_is_refused_in_one_line(tmp_path, capsys):
     assert f"chat.jsonl:1: the tokenizer {tokenizer_json} does not give the chat template's text back" in err[0]
     assert "the template wrote 'You add numbers.<|im', its tokens spell 'you add numbers.<|im'" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_json_in_the_older_metaspace_format_tokenizes_alike(tmp_path):
+    """A tokenizer.json written before prepend_scheme existed (Metaspace with add_prefix_space, as many
+    downloaded Llama-family folders have it) gives the same ids, the conversation's start prefix included,
+    as the same tokenizer in today's format (prepend_scheme always, split)."""
+    pytest.importorskip("transformers")
+    template = ChatTemplate(CHATML, CHATML_SPECIAL)
+    path = style_tokenizer("metaspace-always", tmp_path / "tok", corpus(template), CHATML, CHATML_SPECIAL)
+    config = json.loads(path.read_text())
+    metaspace = {"type": "Metaspace", "replacement": "▁"}
+    assert config["pre_tokenizer"] == {**metaspace, "prepend_scheme": "always", "split": True}
+    config["pre_tokenizer"] = {**metaspace, "add_prefix_space": True}
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "tokenizer.json").write_text(json.dumps(config))
+    texts = [[s.text for s in template.segments(m)] for m in CONVERSATIONS] + [["Salut ! ", "Ça va ?"]]
+    today, older = HFTokenizer(path), HFTokenizer(tmp_path / "old" / "tokenizer.json")
+    assert older.encode_spans(texts) == today.encode_spans(texts)
+    first = today.encode_spans([["Salut"]])[0][0][0]
+    assert today.tokenizer.id_to_token(first).startswith("▁")  # the text's start keeps SentencePiece's prefix
+    assert older.spelled([[i for piece in pieces for i in piece] for pieces in older.encode_spans(texts)]) == [
+        "".join(pieces) for pieces in texts
+    ]

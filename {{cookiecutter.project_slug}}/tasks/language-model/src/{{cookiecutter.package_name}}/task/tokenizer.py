@@ -151,7 +151,12 @@ class HFTokenizer:
         for key in ("normalizer", "pre_tokenizer"):
             config[key] = _without_prefix(config.get(key), taken)
         cut = Tokenizer.from_str(json.dumps(config))
-        removed = [p for p in taken if self.spelled([cut.encode(p + "a", add_special_tokens=False).ids]) == ["a"]]
+
+        def spells(text: str, probe: str) -> bool:
+            return self.spelled([cut.encode(text, add_special_tokens=False).ids]) == [probe]
+
+        probe = next((probe for probe in ("a", "e", "1", "x") if spells(probe, probe)), None)  # one it can encode
+        removed = [prefix for prefix in taken if probe and spells(prefix + probe, probe)]
         return cut, (removed or [""])[0]
 
     @functools.cached_property
