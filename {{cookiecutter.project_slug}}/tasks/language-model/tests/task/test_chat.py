@@ -315,20 +315,28 @@ MARKED = jinja(
 )
 
 
-def test_generation_blocks_render_and_the_mask_equals_transformers_assistant_mask(tmp_path):
+@pytest.mark.parametrize("style", ["bpe", "metaspace-first", "gemma"])
+def test_generation_blocks_render_and_the_mask_equals_transformers_assistant_mask(style, tmp_path):
     """A template with generation blocks (which the Jinja of transformers knows) renders, and the mask made
-    by position equals transformers' return_assistant_tokens_mask, token for token; an assistant's
-    reasoning given as `reasoning` reaches the template as reasoning_content and is trained."""
+    by position equals transformers' return_assistant_tokens_mask, token for token, under a byte-level BPE
+    and the SentencePiece styles whose own tokenization spells the text (Metaspace first, Gemma's); an
+    assistant's reasoning given as `reasoning` reaches the template as reasoning_content and is trained."""
     transformers = pytest.importorskip("transformers")
     record = {"messages": [*CONVERSATION[:4], {"role": "assistant", "content": "4", "reasoning": "2 and 2"}]}
     messages = conversation_of(record, "x")["messages"]
     template = ChatTemplate(MARKED)
     assert trained_text(template, messages) == ["42<|im_end|>", "<think>2 and 2</think>4<|im_end|>"]
     folder = tmp_path / "tok"
-    bpe_tokenizer(folder, tmp_path / "corpus.txt", chat_template=MARKED)
+    if style == "bpe":
+        bpe_tokenizer(folder, tmp_path / "corpus.txt", chat_template=MARKED)
+    else:
+        corpus = [template.render(m) for m in [messages, *(r["messages"] for r in arithmetic(40, 0))]]
+        style_tokenizer(style, folder, corpus, MARKED, {"eos_token": "<|im_end|>"})
     theirs = transformers.AutoTokenizer.from_pretrained(str(folder))
     ours = HFTokenizer(folder / "tokenizer.json")
-    encoded = [(ours.encode(segment.text), segment.trained) for segment in template.segments(messages)]
+    segments = template.segments(messages)
+    encoded = zip(ours.encode_spans([[segment.text for segment in segments]])[0], segments, strict=True)
+    encoded = [(ids, segment.trained) for ids, segment in encoded]
     expected = theirs.apply_chat_template(record["messages"], return_assistant_tokens_mask=True, return_dict=True)
     assert [i for ids, _ in encoded for i in ids] == expected["input_ids"]
     assert [int(trained) for ids, trained in encoded for _ in ids] == expected["assistant_masks"]
