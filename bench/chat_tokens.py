@@ -129,7 +129,7 @@ def main() -> int:
     parser.add_argument("--conversations", type=int, default=60)
     parser.add_argument("--json", type=Path, default=HERE / "results" / "chat_tokens.json")
     sys.path.insert(0, str(HERE))
-    from run import add_project_options, lm_project
+    from run import add_project_options, command_line, lm_project
 
     add_project_options(parser)
     args = parser.parse_args()
@@ -148,9 +148,8 @@ def main() -> int:
                 rows.append(row)
                 print(line(row), flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    dropped = {"--project", "--package", str(args.project), args.package}
-    command = ["bench/chat_tokens.py", *(a for a in sys.argv[1:] if a not in dropped)]
-    args.json.write_text(json.dumps({"command": " ".join(command), "rows": rows}, indent=2) + "\n")
+    result = {"command": command_line("chat_tokens.py", args), "rows": rows}
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -598,6 +598,13 @@ def add_project_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--package", help="its package name (with --project)")
 
 
+def command_line(script: str, args: argparse.Namespace) -> str:
+    """The command that made a result, without --project/--package: a bake's path is this machine's,
+    not the benchmark's."""
+    dropped = {"--project", "--package", str(args.project), args.package}
+    return " ".join([f"bench/{script}", *(a for a in sys.argv[1:] if a not in dropped)])
+
+
 def lm_project(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
     """The project --project names, or a fresh task=language-model bake under work."""
     if args.project:

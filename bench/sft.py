@@ -108,7 +108,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--json", type=Path, default=HERE / "results" / "cpu_sft.json")
     sys.path.insert(0, str(HERE))
-    from run import add_project_options, lm_project
+    from run import add_project_options, command_line, lm_project
 
     add_project_options(parser)
     args = parser.parse_args()
@@ -131,10 +131,7 @@ def main() -> int:
     result = {"figures": figures, "preset": args.preset, "seq_len": args.seq_len, "batch": BATCH}
     result |= {"steps": args.steps, "reps": args.reps, "torch": torch.__version__}
     result |= {"cpus": os.cpu_count()}
-    # the command without --project/--package: a bake's path is this machine's, not the benchmark's
-    dropped = {"--project", "--package", str(args.project), args.package}
-    command = ["bench/sft.py", *(a for a in sys.argv[1:] if a not in dropped)]
-    result |= {"threads": torch.get_num_threads(), "command": " ".join(command)}
+    result |= {"threads": torch.get_num_threads(), "command": command_line("sft.py", args)}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
