@@ -39,8 +39,8 @@ def main() -> None:
         rounds.append(bucket.is_last())
         return allreduce_hook(state, bucket)
 
-    def wrap_and_count(model, cfg, env):
-        wrapped = wrap_model(model, cfg, env)
+    def wrap_and_count(model, dcfg, env):
+        wrapped = wrap_model(model, dcfg, env)
         wrapped.register_comm_hook(None, counting_hook)
         return wrapped
 

@@ -147,8 +147,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 package, task_kind, *overrides = sys.argv[1:]
 config = importlib.import_module(f"{package}.engine.config")
+SPEC = importlib.import_module(f"{package}.task.config").SPEC
 Task = importlib.import_module(f"{package}.task.task").Task
-cfg = config.load_config(["configs/default.yaml"], [*overrides, "run.device=cpu"])
+cfg = config.load_config(SPEC, ["configs/default.yaml"], [*overrides, "run.device=cpu"])
 task = Task(cfg, torch.device("cpu"))
 task.datasets()  # the data decides the number of classes or the vocabulary
 model = task.build_model(torch.device("cpu"))

@@ -6,7 +6,7 @@ python docs/gen_config.py --check   exit 1 if docs/configuration.md is out of da
 Each `task` answer is baked with the default answers into a temporary directory, and a child
 process imports the bake's `<package>.engine.config` and reports what it holds: the sections of
 `Config` and, for each field, its type, its default and the docstring under it (`field_docs`),
-`CHOICES`, `AT_LEAST_ONE` and `TASK.defaults` (the task's `SPEC`). A child of its own per bake keeps
+`choices`, `at_least_one` and the task's `SPEC.defaults`. A child of its own per bake keeps
 the two packages, which share a name, apart. The sections whose dataclass `engine/config.py`
 defines are shared by every task and get one table each; the others (data, model) come from the
 task's `task/config.py` and get a table per task. A task's own defaults of shared keys are shown
@@ -43,6 +43,7 @@ import ast, dataclasses, importlib, inspect, json, sys, textwrap
 package, out = sys.argv[1:]
 config = importlib.import_module(f"{package}.engine.config")
 seam = importlib.import_module(f"{package}.engine.seam")
+spec = importlib.import_module(f"{package}.task.config").SPEC
 
 
 def default(field):
@@ -66,7 +67,7 @@ def written_as(cls):
 
 
 sections = []
-for section in dataclasses.fields(config.Config):
+for section in dataclasses.fields(config.config_class(spec)):
     cls = section.default_factory
     docs, names = config.field_docs(cls), written_as(cls)
     sections.append({
@@ -87,9 +88,9 @@ for section in dataclasses.fields(config.Config):
 report = {
     "package": package,
     "sections": sections,
-    "choices": config.CHOICES,
-    "at_least_one": list(config.AT_LEAST_ONE),
-    "task_defaults": config.TASK.defaults,
+    "choices": config.choices(spec),
+    "at_least_one": list(config.at_least_one(spec)),
+    "task_defaults": spec.defaults,
     "base": {
         "data": [field.name for field in dataclasses.fields(seam.DataBase)],
         "model": [field.name for field in dataclasses.fields(seam.ModelBase)],

@@ -23,7 +23,7 @@ ENGINE = [
     *("__init__", "seam", "config", "errors", "loop", "cli", "rundir", "metrics", "trackers"),
     *("optim", "state", "step", "loaders", "ema", "preemption", "profiler", "provenance"),
     "launcher",
-    *("torch_private", "ckpt/__init__", "ckpt/files", "ckpt/checkpoint", "ckpt/sharded"),
+    *("torch_private", "ckpt/__init__", "ckpt/files", "ckpt/names", "ckpt/checkpoint", "ckpt/sharded"),
     *("ckpt/restore", "parallel/__init__", "parallel/distributed", "parallel/meta_init"),
     "parallel/recompute",
     *("sweep/__init__", "sweep/config", "sweep/study", "sweep/trial", "sweep/report"),
@@ -31,7 +31,7 @@ ENGINE = [
 ENGINE_TESTS = [
     *("checkpoint", "config", "device_loader", "distributed", "ema", "errors", "faults"),
     *("launcher", "monitor", "plot", "profiler", "provenance", "recompute", "resume", "scale"),
-    "sharded",
+    *("faults_in_process", "sharded"),
     *("state", "sweep", "torch_private", "trackers"),
 ]
 EXPECTED_FILES = frozenset(
@@ -57,23 +57,27 @@ EXPECTED_FILES = frozenset(
 # Each task's own folder, tasks/<task>/ in the template: its task/ package, configs, tests and
 # commands.
 TASK_CONFIGS = {"configs/default.yaml", "configs/smoke.yaml", "configs/sweep.yaml"}
-TASK_MODULES = ("__init__", "task", "config", "data", "model", "validation")
+TASK_MODULES = ("__init__", "task", "config", "data", "validation")
 TASK_FILES = {
     "image-classification": {
         *TASK_CONFIGS,
-        *(f"src/PKG/task/{module}.py" for module in TASK_MODULES),
+        *(f"src/PKG/task/{module}.py" for module in (*TASK_MODULES, "model")),
         *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_model", "test_metrics")),
         *(f"tests/task/{name}.py" for name in ("test_export", "test_evaluate", "test_train")),
     },
     "language-model": {
         *TASK_CONFIGS,
         *(f"src/PKG/task/{module}.py" for module in TASK_MODULES),
-        *(f"src/PKG/task/{m}.py" for m in ("tokenizer", "prepare", "generate", "hf", "chat")),
-        *(f"src/PKG/task/{module}.py" for module in ("blocks", "gpt2", "llama")),  # model families
+        *(f"src/PKG/task/{m}.py" for m in ("tokenizer", "generate", "chat")),
+        *(f"src/PKG/task/model/{m}.py" for m in ("__init__", "build", "blocks", "gpt2", "llama")),
+        "src/PKG/task/model/hf.py",  # Hugging Face folders in and out
+        *(f"src/PKG/task/prepare/{m}.py" for m in ("__init__", "sources", "pieces", "split")),
+        *(f"src/PKG/task/prepare/{m}.py" for m in ("encode", "shards", "options", "cli")),
         "src/PKG/prepare.py",
         "src/PKG/generate.py",
         *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_prepare", "test_model")),
         *(f"tests/task/{n}.py" for n in ("test_commands", "test_hf", "test_llama", "test_chat")),
+        "tests/task/test_chat_training.py",  # packing, the step's loss, a tiny model that learns
         "tests/task/test_chat_tokens.py",  # conversations' ids under each tokenizer style
         "tests/task/hf_folders.py",  # small Hugging Face folders the tests make
         "tests/task/fixtures/flat_layout_step_3.checkpoint",  # the flat layout's, before task/

@@ -33,7 +33,8 @@ config = importlib.import_module(f"{package}.engine.config")
 rundir = importlib.import_module(f"{package}.engine.rundir")
 seam = importlib.import_module(f"{package}.engine.seam")
 task = importlib.import_module(f"{package}.task.task")
-spec = config.TASK
+spec = importlib.import_module(f"{package}.task.config").SPEC
+Config = config.config_class(spec)
 
 
 def public(cls):
@@ -44,14 +45,14 @@ facts = {
     "package": package,
     "sections": {
         section.name: [field.name for field in dataclasses.fields(section.default_factory)]
-        for section in dataclasses.fields(config.Config)
+        for section in dataclasses.fields(Config)
     },
     "shared": [
         section.name
-        for section in dataclasses.fields(config.Config)
+        for section in dataclasses.fields(Config)
         if section.default_factory.__module__ == config.__name__
     ],
-    "choices": config.CHOICES,
+    "choices": config.choices(spec),
     "spec": {
         "metrics": spec.metrics,
         "monitor": spec.monitor,

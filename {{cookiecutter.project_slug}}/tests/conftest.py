@@ -52,6 +52,11 @@ def in_full(state: dict) -> dict:
         return {**state, **torch.load(whole, map_location="cpu", weights_only=True)}
 
 
+def newest(run_dir: Path) -> dict:
+    """The newest checkpoint's state, whole tensors whatever its format."""
+    return in_full(latest_checkpoint(run_dir / "checkpoints")[1])
+
+
 @pytest.fixture
 def run_dir(tmp_path):
     return tmp_path / "run"

@@ -35,14 +35,16 @@ from .engine.config import Config
 from .engine.errors import OutOfMemory
 from .engine.loaders import build_val_loader, shut_down_workers
 from .engine.parallel import distributed
-from .engine.seam import task_class
+from .task.config import SPEC
 
 
 def evaluate_checkpoint(cfg: Config, path: Path, state: dict) -> tuple[dict, bool]:
     """The validation metrics of a checkpoint (on every process), and whether this is the main process."""
-    env = distributed.setup(cfg)
+    from .task.task import Task  # here, not above: it brings the task's libraries, which --help does without
+
+    env = distributed.setup(cfg.run, cfg.distributed)
     try:
-        task = task_class()(cfg, env.device)
+        task = Task(cfg, env.device)
         _, val_set = task.datasets()
         task.check_model_files(beside(path))  # the data as the run saw it (its input encoding, say)
         val_loader = build_val_loader(cfg.data, val_set, rank=env.rank, world_size=env.world_size)
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _evaluate(argv: list[str]) -> int:
-    cfg, path, state = restore_trained(argv, f"{PACKAGE}.evaluate")
+    cfg, path, state = restore_trained(SPEC, argv, f"{PACKAGE}.evaluate")
     try:
         metrics, is_main = evaluate_checkpoint(cfg, path, state)
     except torch.OutOfMemoryError:

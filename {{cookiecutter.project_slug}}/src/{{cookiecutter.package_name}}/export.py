@@ -38,9 +38,16 @@ from .engine.ckpt.restore import beside, load_model_weights, restore_trained, ta
 from .engine.config import Config
 from .engine.errors import ConfigError
 from .engine.rundir import write_model_files
-from .engine.seam import task_class
+from .task.config import SPEC
 
 DEFAULT = "pt2"  # model.safetensors and model.pt2
+
+
+def task_class():
+    """The task's Task (imported on first use: it brings the task's libraries, which --help does without)."""
+    from .task.task import Task
+
+    return Task
 
 
 def export_program(model: nn.Module, args: tuple, dynamic_shapes: tuple) -> torch.export.ExportedProgram:
@@ -88,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _export(argv: list[str]) -> int:
     fmt, argv = format_option(argv)
-    cfg, path, state = restore_trained(argv, f"{PACKAGE}.export")
+    cfg, path, state = restore_trained(SPEC, argv, f"{PACKAGE}.export")
     out = export_checkpoint(cfg, path, state, fmt)
     if fmt != DEFAULT:
         print(f"exported {path}'s {'weight average' if 'ema' in state else 'weights'} as {fmt} to {out}")

@@ -15,13 +15,13 @@ from pathlib import Path
 
 from .engine import cli
 from .engine.errors import ConfigError
-from .engine.seam import task_spec
+from .task.config import SPEC
 
 # (title, y label, [(metrics.jsonl key, line label)]); the validation panel is the task's (TaskSpec.plot_panel).
 # A panel draws those of its keys that the runs logged.
 PANELS = (
     ("Loss", "loss", [("train/loss", "train"), ("val/loss", "val")]),
-    ("Validation", task_spec().plot_panel[0], list(task_spec().plot_panel[1])),
+    ("Validation", SPEC.plot_panel[0], list(SPEC.plot_panel[1])),
     ("Learning rate", "lr", [("train/lr", "lr")]),
     ("Throughput", "per second (all processes)", []),  # every perf/<unit>_per_s the runs logged
 )

@@ -41,6 +41,7 @@ from .engine.errors import ConfigError
 from .engine.sweep.config import check_training, load_sweep
 from .engine.sweep.report import wandb_sweep, write_wandb_sweep
 from .engine.sweep.study import run_sweep
+from .task.config import SPEC
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,7 +66,7 @@ def _sweep(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     nproc = [f"nproc_per_node={args.nproc_per_node}"] if args.nproc_per_node is not None else []
     sweep = load_sweep(args.config, [*args.overrides, *nproc])
-    metric, direction = check_training(sweep)
+    metric, direction = check_training(sweep, SPEC)
     if args.wandb_sweep_file:
         write_wandb_sweep(args.wandb_sweep_file, wandb_sweep(sweep, metric, direction))
         return 0

@@ -23,9 +23,23 @@ import sys
 from pathlib import Path
 
 from .engine import PACKAGE, cli, provenance
-from .engine.config import load_config, parse_args
+from .engine.config import Config, load_config, parse_args
 from .engine.launcher import check_accelerate_fsdp
-from .engine.loop import out_of_memory_advice, train  # noqa: F401 - train(cfg) and its advice, for callers
+from .engine.loop import out_of_memory_advice as advice_for
+from .engine.loop import train as train_task
+from .task.config import SPEC
+
+
+def train(cfg: Config) -> dict:
+    """Train this project's task as configured (a config of load_config(SPEC, ...)); the final metrics."""
+    from .task.task import Task  # here, not above: it brings the task's libraries, which --help does without
+
+    return train_task(cfg, SPEC, Task)
+
+
+def out_of_memory_advice(batch_size: int, accum: int) -> str:
+    """What to change after the GPU ran out of memory, for this task."""
+    return advice_for(batch_size, accum, SPEC.memory_hint)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,10 +50,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(argv: list[str]) -> int:
-    files, overrides = parse_args(argv, f"{PACKAGE}.train")
+    files, overrides = parse_args(SPEC, argv, f"{PACKAGE}.train")
     # accelerate launch's FSDP options, as keys between the --config files and the command line's.
     honoured = [f"{key}={str(value).lower()}" for key, value in check_accelerate_fsdp().items()]
-    cfg = load_config(files, [*honoured, *overrides])
+    cfg = load_config(SPEC, files, [*honoured, *overrides])
     result = train(cfg)
     if cli.is_main_process():
         shown = dict.fromkeys([result["monitor"], "val/loss"])  # the monitored metric first, each once

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from {{ cookiecutter.package_name }}.engine.config import Config, ConfigError, all_keys, field_docs, load_config
+from {{ cookiecutter.package_name }}.engine.config import ConfigError, all_keys, config_class, field_docs, load_config
+from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.train import main
 
 from tiny import BAD_CONFIGS
@@ -19,14 +20,14 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 def test_default_yaml_spells_out_the_defaults():
     """configs/default.yaml and the defaults (the dataclasses', with the task's own) describe the same run,
     and the file names every key."""
-    assert load_config([CONFIGS / "default.yaml"]) == load_config()
+    assert load_config(SPEC, [CONFIGS / "default.yaml"]) == load_config(SPEC)
     spelled = yaml.safe_load((CONFIGS / "default.yaml").read_text())
-    assert sorted(f"{section}.{key}" for section, keys in spelled.items() for key in keys) == sorted(all_keys())
+    assert sorted(f"{section}.{key}" for section, keys in spelled.items() for key in keys) == sorted(all_keys(SPEC))
 
 
 def test_every_key_is_documented():
     """Each config field has a docstring, which --help prints."""
-    for section in dataclasses.fields(Config):
+    for section in dataclasses.fields(config_class(SPEC)):
         docs = field_docs(section.default_factory)
         for leaf in dataclasses.fields(section.default_factory):
             assert docs.get(leaf.name), f"{section.name}.{leaf.name} has no doc"
@@ -36,7 +37,7 @@ def test_later_sources_win(tmp_path):
     """Overrides beat YAML files, which beat the defaults, and values get their field's type."""
     extra = tmp_path / "extra.yaml"
     extra.write_text("data:\n  batch_size: 64\ntrainer:\n  max_epochs: 7\n")
-    cfg = load_config([extra], ["trainer.max_epochs=9", "optim.lr=1e-2", "trainer.max_steps=null"])
+    cfg = load_config(SPEC, [extra], ["trainer.max_epochs=9", "optim.lr=1e-2", "trainer.max_steps=null"])
     assert (cfg.data.batch_size, cfg.trainer.max_epochs, cfg.optim.lr) == (64, 9, 0.01)
     assert cfg.trainer.max_steps is None
 
@@ -63,7 +64,7 @@ def test_later_sources_win(tmp_path):
 def test_bad_configuration_is_refused_with_the_key_named(overrides, expected):
     """Each mistake raises ConfigError whose message names the key and what is allowed."""
     with pytest.raises(ConfigError) as err:
-        load_config([], overrides)
+        load_config(SPEC, [], overrides)
     assert expected in str(err.value)
 
 
@@ -79,12 +80,12 @@ def test_bad_yaml_files_are_refused(tmp_path):
         (unknown, "did you mean data.batch_size?"),
     ]:
         with pytest.raises(ConfigError, match=expected):
-            load_config([path])
+            load_config(SPEC, [path])
 
 
 def test_all_keys_are_dotted_section_fields():
     """all_keys() (used for did-you-mean) lists every section.field."""
-    assert "data.batch_size" in all_keys() and "distributed.timeout_s" in all_keys()
+    assert "data.batch_size" in all_keys(SPEC) and "distributed.timeout_s" in all_keys(SPEC)
 
 
 @pytest.mark.slow
@@ -112,7 +113,7 @@ def test_help_lists_every_key(capsys):
         main(["--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    assert all(key in out for key in all_keys())
+    assert all(key in out for key in all_keys(SPEC))
 
 
 @pytest.mark.slow

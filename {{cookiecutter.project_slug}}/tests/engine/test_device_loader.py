@@ -13,6 +13,7 @@ from {{ cookiecutter.package_name }}.engine import loaders
 from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import latest_checkpoint
 from {{ cookiecutter.package_name }}.engine.config import load_config
 from {{ cookiecutter.package_name }}.engine.loaders import DeviceTrainLoader, build_loaders
+from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main
 
@@ -23,11 +24,11 @@ CPU = torch.device("cpu")
 
 def built(kind: str, rank: int = 0, world_size: int = 1, extra: tuple = ()):
     """The training and validation loaders of data.loader=kind, and the line the log gets."""
-    cfg = load_config([], [*TINY, *SAME_DATA, *extra, f"data.loader={kind}"])
+    cfg = load_config(SPEC, [], [*TINY, *SAME_DATA, *extra, f"data.loader={kind}"])
     task = Task(cfg, CPU)
     train_set, val_set = task.datasets()
     env = SimpleNamespace(rank=rank, world_size=world_size, device=CPU)
-    return build_loaders(cfg, task, train_set, val_set, env)
+    return build_loaders(cfg.data, cfg.run.seed, task, train_set, val_set, env)
 
 
 def assert_same(a, b) -> None:

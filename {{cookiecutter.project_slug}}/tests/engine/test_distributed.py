@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from {{ cookiecutter.package_name }}.engine.config import load_config
+from {{ cookiecutter.package_name }}.task.config import SPEC
 
 from conftest import read_metrics, torchrun
 from tiny import VAL_COUNT
@@ -27,8 +28,8 @@ def counting_hook(state, bucket):
     syncs.append(bucket.is_last())  # one True per gradient all-reduce of the whole model
     return allreduce_hook(state, bucket)
 
-def wrap_and_count(model, cfg, env):
-    wrapped = wrap_model(model, cfg, env)
+def wrap_and_count(model, dcfg, env):
+    wrapped = wrap_model(model, dcfg, env)
     wrapped.register_comm_hook(None, counting_hook)
     return wrapped
 
@@ -55,7 +56,7 @@ def test_accumulation_all_reduces_once_per_optimizer_step(tiny, tmp_path):
             "trainer.grad_accum_steps=2",
             "trainer.max_steps=3",
             "trainer.max_epochs=3",
-            f"data.batch_size={load_config([], tiny).data.batch_size // 2}",
+            f"data.batch_size={load_config(SPEC, [], tiny).data.batch_size // 2}",
             f"run.output_dir={tmp_path / 'run'}",
         ],
         script=[str(script)],
@@ -73,6 +74,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 from {{ cookiecutter.package_name }}.engine.config import load_config
+from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.engine.parallel import distributed
 
 joined_through, init_process_group = {}, dist.init_process_group
@@ -83,7 +85,8 @@ def spy(*args, **kwargs):
 
 dist.init_process_group = spy
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-env = distributed.setup(load_config([], ["run.device=cpu", "distributed.timeout_s=60"]))
+cfg = load_config(SPEC, [], ["run.device=cpu", "distributed.timeout_s=60"])
+env = distributed.setup(cfg.run, cfg.distributed)
 store = joined_through["store"]
 if attempt == 0:
     store.set(f"left by rank {env.rank}", "the first attempt")

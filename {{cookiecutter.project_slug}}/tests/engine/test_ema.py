@@ -10,10 +10,10 @@ from safetensors.torch import load_file
 from torch import nn
 
 from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import latest_checkpoint
-from {{ cookiecutter.package_name }}.engine.config import TASK
 from {{ cookiecutter.package_name }}.engine.ema import WeightAverage
 from {{ cookiecutter.package_name }}.evaluate import main as evaluate
 from {{ cookiecutter.package_name }}.export import main as export
+from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.train import main
 
 from conftest import in_full, read_metrics
@@ -58,7 +58,7 @@ def test_validation_uses_the_average_and_logs_the_trained_weights_beside(tiny, r
     best.safetensors holds the average (best.json says so); the checkpoint keeps both."""
     assert main([*tiny, EMA]) == 0
     vals = [record for record in read_metrics(run_dir) if "val/loss" in record]
-    assert vals and all(f"val_raw/{name.split('/')[1]}" in record for record in vals for name in TASK.metrics)
+    assert vals and all(f"val_raw/{name.split('/')[1]}" in record for record in vals for name in SPEC.metrics)
     assert vals[-1]["val/loss"] != vals[-1]["val_raw/loss"]
     state = in_full(latest_checkpoint(run_dir / "checkpoints")[1])
     best = load_file(run_dir / "best.safetensors")

@@ -7,6 +7,7 @@ import re
 import pytest
 
 from {{ cookiecutter.package_name }}.engine.config import ConfigError, load_config
+from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.train import main
 
 # The first test (a trace of the task's own model) runs in every task's bake; the rest are the same for every task.
@@ -66,4 +67,4 @@ def test_without_profile_steps_nothing_is_profiled(tiny, run_dir):
 @pytest.mark.parametrize("steps", ["[3]", "[0,2]", "[5,4]", "[1,2,3]"])
 def test_profile_steps_must_be_a_window_of_optimizer_steps(steps, tiny):
     with pytest.raises(ConfigError, match=r"trainer.profile_steps=.* must be two optimizer steps \[a, b\]"):
-        load_config([], [*tiny, f"trainer.profile_steps={steps}"])
+        load_config(SPEC, [], [*tiny, f"trainer.profile_steps={steps}"])

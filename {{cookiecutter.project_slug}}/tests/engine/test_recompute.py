@@ -10,6 +10,7 @@ from torch import nn
 from {{ cookiecutter.package_name }}.engine.config import load_config
 from {{ cookiecutter.package_name }}.engine.loaders import build_train_loader
 from {{ cookiecutter.package_name }}.engine.parallel.recompute import blocks, enable
+from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.task.task import Task
 
 from tiny import TINY
@@ -102,7 +103,7 @@ def test_each_block_runs_once_more_in_backward_and_enabling_twice_changes_nothin
 
 def task_model_and_loss(overrides: list[str] = ()):
     """The task's tiny model as training builds it, and the loss of its first training batch."""
-    cfg = load_config([], [*TINY, *overrides])
+    cfg = load_config(SPEC, [], [*TINY, *overrides])
     task = Task(cfg, torch.device("cpu"))
     train_set, _ = task.datasets()
     batch = next(iter(build_train_loader(cfg.data, train_set, seed=cfg.run.seed)))

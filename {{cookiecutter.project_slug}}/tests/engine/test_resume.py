@@ -12,9 +12,10 @@ import pytest
 import torch
 
 from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import latest_checkpoint, list_checkpoints, weights_metadata
-from {{ cookiecutter.package_name }}.engine.config import TASK, load_config
+from {{ cookiecutter.package_name }}.engine.config import load_config
 from {{ cookiecutter.package_name }}.engine.optim import warmup_cosine
 from {{ cookiecutter.package_name }}.engine.rundir import LOCK_NAME, RunLock
+from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.train import main
 
 from conftest import killed_when, read_metrics
@@ -56,7 +57,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(save, tiny, tmp_path,
 
     straight, resumed = final_weights(tmp_path / "straight"), final_weights(crashed)
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
-    keys = ("step", "epoch", "train/loss", "val/loss", TASK.monitor)
+    keys = ("step", "epoch", "train/loss", "val/loss", SPEC.monitor)
     lines = [[tuple(r.get(k) for k in keys) for r in read_metrics(run)] for run in (tmp_path / "straight", crashed)]
     assert lines[0] == lines[1]
     assert [r["step"] for r in read_metrics(crashed) if "train/loss" in r] == [2, 4, 6, 8, 10, 12]  # 2, 4 once
@@ -67,7 +68,7 @@ def test_resume_after_a_crash_matches_an_uninterrupted_run(save, tiny, tmp_path,
 def test_resuming_with_a_changed_learning_rate_exits_2_naming_key_values_and_remedies(tiny, run_dir, capsys):
     """A resume with another optim.lr or model shape stops before training: one line names each key with
     its old and new value and says how to proceed; nothing in the run directory changes."""
-    default = load_config([], tiny)
+    default = load_config(SPEC, [], tiny)
     assert main([*tiny, *SAVING, "trainer.max_steps=2"]) == 0
     before = {p.name: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
     capsys.readouterr()
@@ -122,7 +123,7 @@ def test_override_optim_applies_the_new_learning_rate_and_weight_decay(tiny, run
 @pytest.mark.slow
 def test_batch_size_may_change_when_the_global_batch_does_not(tiny, run_dir, capsys):
     """B per step may be resumed as 2 accumulated micro-batches of B/2, not as B/2 per step."""
-    batch = load_config([], tiny).data.batch_size
+    batch = load_config(SPEC, [], tiny).data.batch_size
     assert main([*tiny, *SAVING, "trainer.max_steps=2"]) == 0
     capsys.readouterr()
     assert main([*tiny, *SAVING, "trainer.max_steps=4", f"data.batch_size={batch // 2}"]) == 2
@@ -249,5 +250,5 @@ def test_best_model_header_records_its_step_and_metrics(tiny, run_dir):
     """best.safetensors carries the step and validation metrics that made it best."""
     assert main([*tiny]) == 0
     meta = weights_metadata(run_dir / "best.safetensors")
-    val = [r for r in read_metrics(run_dir) if TASK.monitor in r][-1]
-    assert meta["step"] == str(val["step"]) and float(meta[TASK.monitor]) == val[TASK.monitor]
+    val = [r for r in read_metrics(run_dir) if SPEC.monitor in r][-1]
+    assert meta["step"] == str(val["step"]) and float(meta[SPEC.monitor]) == val[SPEC.monitor]

@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import latest_checkpoint, list_checkpoints, weights_metadata
 from {{ cookiecutter.package_name }}.engine.config import load_config
+from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main
 
@@ -22,6 +23,7 @@ import json, os, sys
 import torch
 from {{ cookiecutter.package_name }}.engine.parallel import distributed, meta_init as model_init
 from {{ cookiecutter.package_name }}.engine.config import load_config
+from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.task.task import Task
 
 built_on_meta, real_build = [], model_init.build
@@ -32,11 +34,11 @@ def build_and_record(*args, **kwargs):
     return model, on_meta
 
 model_init.build = build_and_record
-cfg = load_config([], sys.argv[1:])
-env = distributed.setup(cfg)
+cfg = load_config(SPEC, [], sys.argv[1:])
+env = distributed.setup(cfg.run, cfg.distributed)
 task = Task(cfg, env.device)
 task.datasets()
-model = distributed.build_model(task, cfg, env)
+model = distributed.build_model(task, env, cfg.distributed, cfg.trainer.precision)
 local = sum(p.to_local().numel() for p in model.parameters())
 weights = distributed.full_model_state(model)
 if env.is_main:
@@ -57,7 +59,7 @@ def test_fsdp_builds_on_the_meta_device_and_equals_the_one_process_build(tiny, t
     torchrun(2, [*tiny, "distributed.strategy=fsdp", "run.seed=7"], script=[str(script)], WEIGHTS=str(weights))
     sharded = torch.load(weights, weights_only=True)
 
-    cfg = load_config([], [*tiny, "run.seed=7"])
+    cfg = load_config(SPEC, [], [*tiny, "run.seed=7"])
     task = Task(cfg, torch.device("cpu"))
     task.datasets()
     whole = task.build_model().state_dict()
@@ -74,7 +76,7 @@ def test_another_seed_builds_other_weights(tiny):
     """The weights come from run.seed: another seed, other weights (the equality above is not vacuous)."""
     built = []
     for seed in (0, 1):
-        task = Task(load_config([], [*tiny, f"run.seed={seed}"]), torch.device("cpu"))
+        task = Task(load_config(SPEC, [], [*tiny, f"run.seed={seed}"]), torch.device("cpu"))
         task.datasets()
         built.append(task.build_model().state_dict())
     differ = [k for k, v in built[0].items() if v.is_floating_point() and v.std() > 0 and torch.equal(v, built[1][k])]
@@ -93,7 +95,7 @@ def test_hsdp_on_four_processes_trains_like_one_and_resumes_on_other_layouts(tin
     block's activations) trains like 1 process with the same global batch (float rounding apart:
     20x closer than 3 steps move the weights), writes best.safetensors equal to its checkpoint of
     that step, and its checkpoint resumes on 2 FSDP processes and then on 1."""
-    cfg = load_config([], [*tiny, *BATCH_INDEPENDENT])
+    cfg = load_config(SPEC, [], [*tiny, *BATCH_INDEPENDENT])
     quarter = cfg.data.batch_size // 4
     common = [*BATCH_INDEPENDENT, "trainer.checkpoint_every=1", "trainer.keep_last=10", "trainer.max_steps=3"]
     one = tmp_path / "one"

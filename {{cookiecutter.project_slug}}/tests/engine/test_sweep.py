@@ -15,18 +15,18 @@ import pytest
 import yaml
 
 from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import list_checkpoints
-from {{ cookiecutter.package_name }}.engine.config import load_config, parse_args
-from {{ cookiecutter.package_name }}.engine.loop import monitored
+from {{ cookiecutter.package_name }}.engine.config import load_config, monitored, parse_args
 from {{ cookiecutter.package_name }}.engine.preemption import PREEMPTED_EXIT
 from {{ cookiecutter.package_name }}.engine.sweep.study import lock_sweep_dir
 from {{ cookiecutter.package_name }}.sweep import main
+from {{ cookiecutter.package_name }}.task.config import SPEC
 
 from conftest import read_metrics
 from tiny import TINY
 
 SWEEP = ["-m", "{{ cookiecutter.package_name }}.sweep"]
 LR = {"type": "float", "low": 1e-3, "high": 1e-2, "log": True}
-METRIC, MODE = monitored(load_config([], TINY))
+METRIC, MODE = monitored(load_config(SPEC, [], TINY).trainer, SPEC)
 BEST = max if MODE == "max" else min
 
 
@@ -120,7 +120,7 @@ def test_a_small_study_trains_each_trial_in_its_own_directory(tmp_path, capsys):
         run_dir = Path(t["output_dir"])
         assert run_dir == tmp_path / "sweep" / f"trial_{t['trial']}"
         assert len(logged(run_dir)) == 2 and t["value"] == best_of(logged(run_dir))
-        trained = load_config([run_dir / "config.yaml"]).optim
+        trained = load_config(SPEC, [run_dir / "config.yaml"]).optim
         assert {"optim.lr": trained.lr, "optim.weight_decay": trained.weight_decay} == t["params"]
     assert len({t["params"]["optim.lr"] for t in trials}) == 3
     best = best_of(trials, key=lambda t: t["value"])
@@ -335,8 +335,8 @@ def test_the_wandb_sweep_file_searches_the_same_space_through_wandb_agent(tmp_pa
     assert command[-1] == "${args_no_hyphens}" and "tracker.name=wandb" in command
     # What the agent starts: ${args_no_hyphens} are key=value pairs, and it sets WANDB_RUN_ID.
     monkeypatch.setenv("WANDB_RUN_ID", "r4nd0m")
-    files, overrides = parse_args([*command[4:-1], "optim.lr=0.004", "data.batch_size=16"], "train")
-    cfg = load_config(files, overrides)
+    files, overrides = parse_args(SPEC, [*command[4:-1], "optim.lr=0.004", "data.batch_size=16"], "train")
+    cfg = load_config(SPEC, files, overrides)
     assert cfg.run.output_dir == f"{tmp_path / 'sweep'}/wandb-runs/r4nd0m"
     assert (cfg.optim.lr, cfg.data.batch_size, cfg.tracker.name) == (0.004, 16, "wandb")
     assert not (tmp_path / "sweep").exists()  # writing the file runs nothing

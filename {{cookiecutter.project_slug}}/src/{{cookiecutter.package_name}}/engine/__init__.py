@@ -1,5 +1,7 @@
-"""The training engine: everything a task does not decide. A task (../task/) reaches it through
-one declared interface, seam.py; nothing here imports anything else from the task.
+"""The training engine: everything a task does not decide. Nothing here imports the task (../task/):
+the commands (../train.py, ../evaluate.py, ...) hand it in as arguments, its declaration (a TaskSpec)
+and its class (a seam.Task), both types declared once in seam.py. Below the top of the loop each
+part takes the config sections it reads, not the whole config.
 
     seam                the task interface: TaskSpec and the Task base class
     config, errors, cli typed configuration, the error kinds, and their exit statuses in every command

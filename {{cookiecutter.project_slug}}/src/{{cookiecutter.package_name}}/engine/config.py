@@ -5,6 +5,10 @@
 Later sources win: dataclass defaults < each --config file in order < key=value overrides.
 Any mistake (unknown key, wrong type, value not allowed, impossible combination, missing data)
 raises ConfigError, which the entry points turn into one line on stderr and exit status 2.
+
+The engine's sections are declared here; the task's data: and model: sections, its allowed values,
+checks and defaults come from the TaskSpec a command passes in (load_config(SPEC, ...)): this module
+never looks the task up. config_class(spec) is the whole config's type for that spec, made once.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import difflib
+import functools
 import inspect
 import itertools
 import math
@@ -27,9 +32,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError
-from .seam import task_spec
-
-TASK = task_spec()  # the task's sections, values, checks and metrics (seam.py)
+from .seam import DataBase, ModelBase, TaskSpec
 
 DEFAULT_TRACKER = "{{ cookiecutter.tracker }}"
 
@@ -150,13 +153,22 @@ class DistributedConfig:
 
 @dataclass
 class Config:
+    """The whole configuration: the engine's sections and the task's data: and model: (see config_class)."""
+
     run: RunConfig = field(default_factory=RunConfig)
-    data: TASK.data = field(default_factory=TASK.data)
-    model: TASK.model = field(default_factory=TASK.model)
+    data: DataBase = field(default_factory=DataBase)
+    model: ModelBase = field(default_factory=ModelBase)
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     tracker: TrackerConfig = field(default_factory=TrackerConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+
+@functools.cache  # one class per spec (TaskSpec hashes by identity), so configs of one task compare equal
+def config_class(spec: TaskSpec) -> type[Config]:
+    """Config with the task's data: and model: sections (spec.data, spec.model) in place of the bases."""
+    sections = [(name, cls, field(default_factory=cls)) for name, cls in (("data", spec.data), ("model", spec.model))]
+    return dataclasses.make_dataclass("Config", sections, bases=(Config,), namespace={"__module__": __name__})
 
 
 CHOICES = {
@@ -167,13 +179,11 @@ CHOICES = {
     "distributed.backend": ("auto", "nccl", "gloo"),
     "trainer.checkpoint_format": ("auto", "sharded", "full"),
     "data.loader": ("auto", "device", "workers"),
-    **TASK.choices,
 }
 MAX_WORKERS = 256  # DataLoader worker processes per training process
 MAX_TIMEOUT_S = 7 * 24 * 3600
 AT_LEAST_ONE = (
     "data.batch_size",
-    *TASK.at_least_one,
     "trainer.max_epochs",
     "trainer.grad_accum_steps",
     "trainer.checkpoint_every",
@@ -184,19 +194,32 @@ AT_LEAST_ONE = (
 )
 
 
-def with_stored_defaults(stored: dict) -> dict:
-    """A checkpoint's stored config, with TaskSpec.stored_defaults for the keys it predates."""
+def choices(spec: TaskSpec) -> dict[str, tuple]:
+    """The values each key may take: the engine's CHOICES and the task's."""
+    return {**CHOICES, **spec.choices}
+
+
+def at_least_one(spec: TaskSpec) -> tuple[str, ...]:
+    """The keys that must be at least 1: the engine's AT_LEAST_ONE and the task's."""
+    return (AT_LEAST_ONE[0], *spec.at_least_one, *AT_LEAST_ONE[1:])
+
+
+def with_stored_defaults(stored: dict, defaults: dict[str, object]) -> dict:
+    """A checkpoint's stored config, with defaults (TaskSpec.stored_defaults) for the keys it predates."""
     filled = {section: dict(values) if isinstance(values, dict) else values for section, values in stored.items()}
-    for key, value in TASK.stored_defaults.items():
+    for key, value in defaults.items():
         section, leaf = key.split(".")
         if isinstance(filled.get(section), dict):
             filled[section].setdefault(leaf, value)
     return filled
 
 
-def load_config(config_files: list[str | Path] = (), overrides: list[str] = (), base: dict | None = None) -> Config:
-    """Merge defaults, base (a stored config), YAML files and key=value overrides into a validated Config."""
-    merged = _defaults()
+def load_config(
+    spec: TaskSpec, config_files: list[str | Path] = (), overrides: list[str] = (), base: dict | None = None
+) -> Config:
+    """Merge defaults, base (a stored config), YAML files and key=value overrides into a validated config of
+    the task that spec declares."""
+    merged = _defaults(spec)
     try:
         if base:
             merged = OmegaConf.merge(merged, base)
@@ -213,14 +236,14 @@ def load_config(config_files: list[str | Path] = (), overrides: list[str] = (), 
             merged = OmegaConf.merge(merged, dotted)
         cfg = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
-        raise ConfigError(_explain(err)) from None
-    validate(cfg)
+        raise ConfigError(_explain(err, spec)) from None
+    validate(cfg, spec)
     return cfg
 
 
-def _defaults():
+def _defaults(spec: TaskSpec):
     """The dataclass defaults with the task's own defaults for the shared sections (TaskSpec.defaults)."""
-    return OmegaConf.merge(OmegaConf.structured(Config), TASK.defaults)
+    return OmegaConf.merge(OmegaConf.structured(config_class(spec)), spec.defaults)
 
 
 def read_yaml(path: Path, sections: str = "run:, data:, ..."):
@@ -237,19 +260,20 @@ def read_yaml(path: Path, sections: str = "run:, data:, ..."):
     return loaded
 
 
-def _explain(err: OmegaConfBaseException) -> str:
+def _explain(err: OmegaConfBaseException, spec: TaskSpec) -> str:
     key = getattr(err, "full_key", None) or "config"
     first_line = str(getattr(err, "msg", None) or err).splitlines()[0]
     if "not in" in first_line:
-        close = difflib.get_close_matches(key, all_keys(), n=1, cutoff=0.6)
+        keys = all_keys(spec)
+        close = difflib.get_close_matches(key, keys, n=1, cutoff=0.6)
         if not close:  # e.g. "lr=0.1" for "optim.lr"
             leaf = key.rsplit(".", 1)[-1]
-            close = [k for k in all_keys() if k.rsplit(".", 1)[-1] == leaf]
+            close = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
         hint = f"did you mean {close[0]}?" if close else f"known sections: {', '.join(SECTIONS)}"
         if key.startswith("tracker.") and "key" in key.lower():
             return f"{key}: unknown key; the wandb API key is read from WANDB_API_KEY or `wandb login`, never config"
         return f"{key}: unknown key; {hint}"
-    expected = _field_type(key)
+    expected = _field_type(key, spec)
     if expected:
         return f"{key}: expected {expected} ({first_line})"
     return f"{key}: {first_line}"
@@ -258,18 +282,18 @@ def _explain(err: OmegaConfBaseException) -> str:
 SECTIONS = tuple(f.name for f in dataclasses.fields(Config))
 
 
-def all_keys() -> list[str]:
-    """Every dotted key, e.g. data.batch_size."""
+def all_keys(spec: TaskSpec) -> list[str]:
+    """Every dotted key of the task's config, e.g. data.batch_size."""
     return [
         f"{section.name}.{leaf.name}"
-        for section in dataclasses.fields(Config)
+        for section in dataclasses.fields(config_class(spec))
         for leaf in dataclasses.fields(section.default_factory)
     ]
 
 
-def _field_type(key: str) -> str | None:
+def _field_type(key: str, spec: TaskSpec) -> str | None:
     section, _, leaf = key.partition(".")
-    for sec in dataclasses.fields(Config):
+    for sec in dataclasses.fields(config_class(spec)):
         if sec.name == section:
             for f in dataclasses.fields(sec.default_factory):
                 if f.name == leaf:
@@ -282,12 +306,12 @@ def _get(cfg: Config, key: str):
     return getattr(getattr(cfg, section), leaf)
 
 
-def validate(cfg: Config) -> None:
+def validate(cfg: Config, spec: TaskSpec) -> None:
     """Refuse values that are not allowed and combinations that cannot work, naming the key."""
-    for key, allowed in CHOICES.items():
+    for key, allowed in choices(spec).items():
         if _get(cfg, key) not in allowed:
             raise ConfigError(f"{key}={_get(cfg, key)!r} is not allowed; choose one of {', '.join(allowed)}")
-    for key in AT_LEAST_ONE:
+    for key in at_least_one(spec):
         if _get(cfg, key) < 1:
             raise ConfigError(f"{key}={_get(cfg, key)} must be at least 1")
     if not 0 <= cfg.run.seed < 2**31:
@@ -323,10 +347,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"optim.min_lr_ratio={cfg.optim.min_lr_ratio} must be between 0 and 1")
     if cfg.trainer.grad_clip < 0:
         raise ConfigError("trainer.grad_clip must be >= 0 (0 turns clipping off)")
-    if cfg.trainer.monitor is not None and cfg.trainer.monitor not in TASK.metrics:
+    if cfg.trainer.monitor is not None and cfg.trainer.monitor not in spec.metrics:
         raise ConfigError(
             f"trainer.monitor={cfg.trainer.monitor!r} is not a validation metric of this task; choose one of "
-            f"{', '.join(TASK.metrics)}"
+            f"{', '.join(spec.metrics)}"
         )
     if cfg.trainer.monitor_mode not in (None, "max", "min"):
         raise ConfigError(f"trainer.monitor_mode={cfg.trainer.monitor_mode!r} is not allowed; choose max or min")
@@ -357,7 +381,13 @@ def validate(cfg: Config) -> None:
         raise ConfigError("distributed.sync_batchnorm=true needs CUDA (torch's SyncBatchNorm refuses CPU tensors)")
     if cfg.distributed.backend == "nccl" and not on_cuda:
         raise ConfigError("distributed.backend=nccl needs CUDA; use gloo or auto on CPU")
-    TASK.validate(cfg)
+    spec.validate(cfg)
+
+
+def monitored(trainer: TrainerConfig, spec: TaskSpec) -> tuple[str, str]:
+    """trainer.monitor and trainer.monitor_mode, null meaning the task's metric and the metric's direction."""
+    name = trainer.monitor or spec.monitor
+    return name, trainer.monitor_mode or spec.metrics[name]
 
 
 def to_yaml(cfg: Config) -> str:
@@ -383,7 +413,7 @@ def field_docs(cls) -> dict[str, str]:
     return docs
 
 
-def help_text(program: str) -> str:
+def help_text(spec: TaskSpec, program: str) -> str:
     """Usage plus every key with its default and documentation."""
     checkpoint = " [--checkpoint PATH]" if not program.endswith(".train") else ""
     lines = [
@@ -391,8 +421,8 @@ def help_text(program: str) -> str:
         "",
         "Keys (default) and meaning:",
     ]
-    defaults = OmegaConf.to_object(_defaults())
-    for section in dataclasses.fields(Config):
+    defaults = OmegaConf.to_object(_defaults(spec))
+    for section in dataclasses.fields(config_class(spec)):
         docs = field_docs(section.default_factory)
         for leaf in dataclasses.fields(section.default_factory):
             key = f"{section.name}.{leaf.name}"
@@ -400,14 +430,14 @@ def help_text(program: str) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str], program: str) -> tuple[list[str], list[str]]:
-    """Split argv into --config files and key=value overrides; --help prints every key."""
+def parse_args(spec: TaskSpec, argv: list[str], program: str) -> tuple[list[str], list[str]]:
+    """Split argv into --config files and key=value overrides; --help prints every key of the task's config."""
     files, overrides = [], []
     args = iter(argv)
     for arg in args:
         if arg in ("-h", "--help"):
             try:
-                print(help_text(program), flush=True)
+                print(help_text(spec, program), flush=True)
             except BrokenPipeError:  # `--help | head` stopped reading: not an error
                 os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             raise SystemExit(0)

@@ -19,6 +19,7 @@ import os
 import random
 import signal
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,6 +28,9 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from .errors import ConfigError, DataError
 from .parallel import distributed
 from .torch_private import shut_down_loader_workers
+
+if TYPE_CHECKING:
+    from .seam import DataBase
 
 
 class ResumableSampler(DistributedSampler):
@@ -81,12 +85,12 @@ def shut_down_workers(*loaders: DataLoader) -> None:
         shut_down_loader_workers(loader)
 
 
-def _loader_options(cfg, pin_memory: bool) -> dict:
+def _loader_options(data: DataBase, pin_memory: bool) -> dict:
     return dict(
-        batch_size=cfg.batch_size,
-        num_workers=cfg.num_workers,
+        batch_size=data.batch_size,
+        num_workers=data.num_workers,
         pin_memory=pin_memory,
-        persistent_workers=cfg.num_workers > 0,
+        persistent_workers=data.num_workers > 0,
         worker_init_fn=seed_worker,
     )
 
@@ -102,29 +106,29 @@ def training_sampler(train_set, batch_size: int, *, seed: int, rank: int, world_
     return sampler
 
 
-def build_train_loader(cfg, train_set, *, seed, rank=0, world_size=1, pin_memory=False) -> DataLoader:
+def build_train_loader(data: DataBase, train_set, *, seed, rank=0, world_size=1, pin_memory=False) -> DataLoader:
     """Shuffled by (seed, epoch), split across processes, resumable mid-epoch, seeded workers.
 
     train_set takes the (epoch, index) keys ResumableSampler yields (e.g. data.SeededAugmentation);
-    cfg is the data section (batch_size, num_workers).
+    data is the data section (batch_size, num_workers).
     """
-    sampler = training_sampler(train_set, cfg.batch_size, seed=seed, rank=rank, world_size=world_size)
+    sampler = training_sampler(train_set, data.batch_size, seed=seed, rank=rank, world_size=world_size)
     generator = torch.Generator().manual_seed(seed + rank)  # seeds python/numpy in the workers
     return DataLoader(
         train_set,
         sampler=sampler,
         drop_last=True,
         generator=generator,
-        **_loader_options(cfg, pin_memory),
+        **_loader_options(data, pin_memory),
     )
 
 
-def build_val_loader(cfg, val_set, *, rank=0, world_size=1, pin_memory=False) -> DataLoader:
+def build_val_loader(data: DataBase, val_set, *, rank=0, world_size=1, pin_memory=False) -> DataLoader:
     """Never shuffled; process r takes samples r, r+W, r+2W, ... so each is counted exactly once."""
     if len(val_set) < world_size:
         raise DataError(f"the validation set has {len(val_set)} samples, fewer than the {world_size} processes")
     shard = Subset(val_set, range(rank, len(val_set), world_size))
-    return DataLoader(shard, shuffle=False, drop_last=False, **_loader_options(cfg, pin_memory))
+    return DataLoader(shard, shuffle=False, drop_last=False, **_loader_options(data, pin_memory))
 
 
 def in_lockstep(loader: DataLoader, device: torch.device) -> Iterator:
@@ -208,16 +212,16 @@ class DeviceValLoader:
             yield self.source.batch(None, chunk)
 
 
-def choose_loader(cfg, task, train_set, val_set, device: torch.device) -> tuple[str, str]:
-    """data.loader, with auto resolved, and the reason (for the log).
+def choose_loader(loader: str, task, train_set, val_set, device: torch.device) -> tuple[str, str]:
+    """data.loader (loader), with auto resolved, and the reason (for the log).
 
     auto chooses device when the task's data may live there (task.device_bytes says how much it
     takes and whether anything speaks against it) and takes at most DEVICE_BUDGET of the device's
     memory; workers otherwise."""
     nbytes, against = task.device_bytes(train_set, val_set)
     size = f"{nbytes / 2**20:.1f} MiB"
-    if cfg.data.loader != "auto":
-        return cfg.data.loader, f"data.loader={cfg.data.loader} (the data sets: {size})"
+    if loader != "auto":
+        return loader, f"data.loader={loader} (the data sets: {size})"
     budget = device_budget(device)
     memory = "GPU" if device.type == "cuda" else "RAM"
     where = f"{round(DEVICE_BUDGET * 100)}% of the {memory}: {budget / 2**20:.0f} MiB"
@@ -228,14 +232,15 @@ def choose_loader(cfg, task, train_set, val_set, device: torch.device) -> tuple[
     return "device", f"data.loader=auto chose device: the data sets take {size} of {where}"
 
 
-def build_loaders(cfg, task, train_set, val_set, env) -> tuple:
-    """The training and validation loaders of data.loader, and the log line that says which."""
-    kind, reason = choose_loader(cfg, task, train_set, val_set, env.device)
+def build_loaders(data: DataBase, seed: int, task, train_set, val_set, env) -> tuple:
+    """The training and validation loaders of data.loader, and the log line that says which. data is the
+    data section (loader, batch_size, num_workers); seed is run.seed (the order of the samples)."""
+    kind, reason = choose_loader(data.loader, task, train_set, val_set, env.device)
     shard = dict(rank=env.rank, world_size=env.world_size)
     if kind == "device":
         train_source, val_source = task.device_sets(train_set, val_set)
-        train_loader = DeviceTrainLoader(train_source, cfg.data.batch_size, seed=cfg.run.seed, **shard)
-        return train_loader, DeviceValLoader(val_source, cfg.data.batch_size, **shard), reason
+        train_loader = DeviceTrainLoader(train_source, data.batch_size, seed=seed, **shard)
+        return train_loader, DeviceValLoader(val_source, data.batch_size, **shard), reason
     pin_memory = env.device.type == "cuda"
-    train_loader = build_train_loader(cfg.data, train_set, seed=cfg.run.seed, pin_memory=pin_memory, **shard)
-    return train_loader, build_val_loader(cfg.data, val_set, pin_memory=pin_memory, **shard), reason
+    train_loader = build_train_loader(data, train_set, seed=seed, pin_memory=pin_memory, **shard)
+    return train_loader, build_val_loader(data, val_set, pin_memory=pin_memory, **shard), reason

@@ -1,10 +1,12 @@
 """The training loop: set up a run (data, model, optimizer, resume), then the outer loop of optimizer
 steps with its cadence (log, validate, save, stop) decided by small named functions.
 
-    train(cfg)   one process is world size 1 of the same code; under torchrun every rank runs it
+    train(cfg, SPEC, Task)   one process is world size 1 of the same code; under torchrun every rank runs it
 
 The step itself (zero_grad, accumulate forward/backward, unscale, clip, step) is step.py's; what
-a checkpoint holds is state.py's; the task (data, model, loss, validation) comes through seam.py.
+a checkpoint holds is state.py's; the task (data, model, loss, validation) is the Task class and
+TaskSpec the command hands in (seam.py declares both). Only the top of the loop holds the whole
+config: each part below takes the sections it reads.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from tqdm import tqdm
 from . import provenance
 from .ckpt.checkpoint import remove_stale_temporaries, resume_state
 from .ckpt.sharded import ShardedSaver, holds_shards
-from .config import TASK, Config, ConfigError, to_dict
+from .config import Config, ConfigError, TrainerConfig, monitored, to_dict, to_yaml
 from .ema import WeightAverage
 from .errors import OutOfMemory, Preempted
 from .loaders import DeviceTrainLoader, build_loaders, shut_down_workers
@@ -38,35 +40,37 @@ from .parallel import distributed
 from .preemption import StopRequest
 from .profiler import StepProfiler
 from .rundir import claim_output_dir, save_best, save_best_sharded, start_in_output_dir
-from .seam import Task, task_class
+from .seam import Task, TaskSpec
 from .state import Progress, TrainState, checkpoint_format
 from .step import StepResult, train_mode, train_step
 
 log = logging.getLogger(__name__)
 
 
-def train(cfg: Config) -> dict:
-    """Train as configured and return the final validation metrics."""
-    env = distributed.setup(cfg)
+def train(cfg: Config, spec: TaskSpec, task_class: type[Task]) -> dict:
+    """Train the task (its declaration spec, its class task_class) as configured; return the final
+    validation metrics."""
+    env = distributed.setup(cfg.run, cfg.distributed)
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING, format="%(asctime)s %(message)s")
     lock = None
     try:
         lock = distributed.on_main(claim_output_dir, Path(cfg.run.output_dir))  # a second run here exits 2
         with StopRequest() as stop, torch.autograd.set_detect_anomaly(cfg.trainer.detect_anomaly):
-            result = fit(cfg, env, stop)
+            result = fit(cfg, spec, task_class, env, stop)
         distributed.barrier()  # every rank is done with every collective before the group goes away
         return result
     except torch.OutOfMemoryError:
-        raise OutOfMemory(out_of_memory_advice(cfg.data.batch_size, cfg.trainer.grad_accum_steps)) from None
+        advice = out_of_memory_advice(cfg.data.batch_size, cfg.trainer.grad_accum_steps, spec.memory_hint)
+        raise OutOfMemory(advice) from None
     finally:
         if lock:
             lock.release()
         distributed.teardown()
 
 
-def fit(cfg: Config, env: distributed.DistEnv, stop: StopRequest) -> dict:
+def fit(cfg: Config, spec: TaskSpec, task_class: type[Task], env: distributed.DistEnv, stop: StopRequest) -> dict:
     """The recipe: set up the run, then the outer loop (step, log, validate, save, stop)."""
-    run = Run.start(cfg, env)
+    run = Run.start(cfg, spec, task_class, env)
     progress, plan = run.state.progress, run.plan
     val: dict = {}
     completed = False
@@ -123,14 +127,16 @@ class Plan:
     checkpoint_every: int
 
     @classmethod
-    def of(cls, cfg: Config, batches_per_epoch: int, world_size: int) -> Plan:
-        accum, tcfg = cfg.trainer.grad_accum_steps, cfg.trainer
+    def of(cls, tcfg: TrainerConfig, batch_size: int, batches_per_epoch: int, world_size: int) -> Plan:
+        """The plan of the trainer section's settings for batches_per_epoch micro-batches of batch_size
+        (data.batch_size) samples per process."""
+        accum = tcfg.grad_accum_steps
         steps_per_epoch = batches_per_epoch // accum  # leftover micro-batches of an epoch are skipped
         if steps_per_epoch == 0:
             raise ConfigError(f"trainer.grad_accum_steps={accum} exceeds the {batches_per_epoch} batches of an epoch")
         total = min(steps_per_epoch * tcfg.max_epochs, tcfg.max_steps or math.inf)
         return cls(
-            steps_per_epoch, tcfg.max_epochs, total, accum, cfg.data.batch_size * world_size, tcfg.log_every,
+            steps_per_epoch, tcfg.max_epochs, total, accum, batch_size * world_size, tcfg.log_every,
             tcfg.val_every, tcfg.checkpoint_every,
         )  # fmt: skip
 
@@ -167,6 +173,7 @@ class Run:
     """The pieces of one training run and what the outer loop asks of them."""
 
     cfg: Config
+    spec: TaskSpec
     env: distributed.DistEnv
     task: Task
     model: torch.nn.Module
@@ -181,7 +188,7 @@ class Run:
     bar: tqdm | None = None
 
     def __post_init__(self):
-        self.monitor, self.mode = monitored(self.cfg)
+        self.monitor, self.mode = monitored(self.cfg.trainer, self.spec)
         self.perf = PerfMeter(
             self.env.device, self.env.world_size, data_on_device=isinstance(self.train_loader, DeviceTrainLoader)
         )
@@ -194,7 +201,7 @@ class Run:
         return Path(self.cfg.run.output_dir)
 
     @classmethod
-    def start(cls, cfg: Config, env: distributed.DistEnv) -> Run:
+    def start(cls, cfg: Config, spec: TaskSpec, task_class: type[Task], env: distributed.DistEnv) -> Run:
         """Data, model, optimizer and state, resumed from the newest checkpoint when there is one."""
         output_dir, tcfg = Path(cfg.run.output_dir), cfg.trainer
         use_deterministic_kernels(cfg.run.deterministic)
@@ -203,18 +210,20 @@ class Run:
             remove_stale_temporaries(output_dir / "checkpoints")  # after claim_output_dir: no other run saves here
 
         # Data: each process gets its own slice; the global batch is batch_size x world_size x accum.
-        task = task_class()(cfg, env.device)
+        task = task_class(cfg, env.device)
         train_set, val_set = task.datasets()
-        train_loader, val_loader, loader_choice = build_loaders(cfg, task, train_set, val_set, env)
+        train_loader, val_loader, loader_choice = build_loaders(cfg.data, cfg.run.seed, task, train_set, val_set, env)
         log.info(loader_choice)
-        plan = Plan.of(cfg, len(train_loader), env.world_size)
+        plan = Plan.of(tcfg, cfg.data.batch_size, len(train_loader), env.world_size)
         log.info(
             "global batch %d = %d per process x %d processes x %d accumulation steps; %d optimizer steps",
             plan.global_micro * plan.accum, cfg.data.batch_size, env.world_size, plan.accum, plan.total_steps,
         )  # fmt: skip
 
         # Model on its device (under FSDP built sharded), wrapped, then the optimizer over its parameters.
-        model = distributed.build_model(task, cfg, env)
+        model = distributed.build_model(
+            task, env, cfg.distributed, tcfg.precision, recompute_activations=cfg.model.activation_checkpointing
+        )
         seed_everything(cfg.run.seed + env.rank)  # per-rank streams (e.g. dropout); augmentation is seeded per sample
         if cfg.model.compile:
             model = torch.compile(model)
@@ -229,22 +238,27 @@ class Run:
             scaler=torch.amp.GradScaler(env.device.type, enabled=tcfg.precision == "fp16"),  # fp16 only
             loader_generator=train_loader.generator,
             device=env.device,
-            saver=ShardedSaver(tcfg.async_checkpoint) if checkpoint_format(cfg) == "sharded" else None,
+            saver=ShardedSaver(tcfg.async_checkpoint)
+            if checkpoint_format(tcfg, cfg.distributed) == "sharded"
+            else None,
             ema=WeightAverage(model, cfg.optim.ema_decay) if cfg.optim.ema_decay else None,
         )
 
-        found = resume_state(cfg, output_dir / "checkpoints", env.is_main)
+        found = resume_state(tcfg.resume, output_dir / "checkpoints", env.is_main)
         if found:
             task.check_model_files(output_dir)  # e.g. the data now prepared another way
-            state.resume(*found, cfg, env, global_batch=plan.global_micro * plan.accum)
-        distributed.on_main(start_in_output_dir, output_dir, cfg, state.progress.step, bool(found), task.model_files())
+            state.resume(*found, cfg, spec, env, global_batch=plan.global_micro * plan.accum)
+        distributed.on_main(
+            start_in_output_dir, output_dir, to_yaml(cfg), tcfg.resume, state.progress.step, bool(found),
+            task.model_files(),
+        )  # fmt: skip
         record = provenance.run_record(state.progress.step if found else None)  # versions, git commit, hosts
         distributed.on_main(provenance.append_record, output_dir, record, not found)
         logger = (
             distributed.on_main(MetricsLogger, output_dir, cfg.tracker, to_dict(cfg), True, record)
             or MetricsLogger.disabled()
         )
-        return cls(cfg, env, task, model, state, plan, train_loader, val_loader, logger, record)
+        return cls(cfg, spec, env, task, model, state, plan, train_loader, val_loader, logger, record)
 
     def epoch_steps(self) -> Iterator[Iterator]:
         """The rest of the current epoch, one group of grad_accum_steps micro-batches per optimizer step."""
@@ -275,7 +289,7 @@ class Run:
         self.perf.samples, self.perf.steps = self.perf.samples + result.samples, self.perf.steps + 1
         self.state.poll_save()  # an asynchronous save is committed once every rank wrote it
         if self.plan.logs_at(progress.step):
-            train_loss = log_training(self.state, result, self.perf, self.logger, self.task)
+            train_loss = log_training(self.state, result, self.perf, self.logger, self.task, tcfg.precision)
             self.bar.set_postfix(loss=f"{train_loss:.4f}")
 
     def validated_weights(self):
@@ -289,7 +303,7 @@ class Run:
             val = self.task.validate(model, self.val_loader)
         if self.state.ema:
             raw = self.task.validate(model, self.val_loader)
-            val.update({key.replace("val/", "val_raw/", 1): raw[key] for key in TASK.metrics})
+            val.update({key.replace("val/", "val_raw/", 1): raw[key] for key in self.spec.metrics})
         return val
 
     def validate(self) -> dict:
@@ -319,7 +333,7 @@ class Run:
     def save(self, wait: bool) -> None:
         """A checkpoint of this step (wait: until it is written, for a save that ends the run)."""
         with self.perf.excluded():
-            self.state.save(self.output_dir / "checkpoints", self.cfg, wait=wait)
+            self.state.save(self.output_dir / "checkpoints", to_dict(self.cfg), self.cfg.trainer, wait=wait)
 
     def saved_where(self) -> str:
         return f"checkpoint written in {self.output_dir / 'checkpoints'}"
@@ -346,12 +360,6 @@ class Run:
         shut_down_workers(self.train_loader, self.val_loader)
 
 
-def monitored(cfg: Config) -> tuple[str, str]:
-    """trainer.monitor and trainer.monitor_mode, null meaning the task's metric and the metric's direction."""
-    name = cfg.trainer.monitor or TASK.monitor
-    return name, cfg.trainer.monitor_mode or TASK.metrics[name]
-
-
 def best_key(monitor: str) -> str:
     """The logged name of the monitored metric's best value so far: val/best_loss for val/loss, ..."""
     return "val/best_" + monitor.split("/", 1)[1]
@@ -372,11 +380,13 @@ def use_deterministic_kernels(enabled: bool) -> None:
     torch.backends.cudnn.benchmark = not enabled
 
 
-def log_training(state: TrainState, result: StepResult, perf: PerfMeter, logger: MetricsLogger, task: Task) -> float:
+def log_training(
+    state: TrainState, result: StepResult, perf: PerfMeter, logger: MetricsLogger, task: Task, precision: str
+) -> float:
     """A train/loss line (a host sync, so only every trainer.log_every steps); returns the loss."""
     state.check_updates()
     train_loss = state.running.global_mean()  # every rank gets it, so all stop together on NaN
-    check_finite("train/loss", train_loss, state.progress.step, task.cfg.trainer.precision)
+    check_finite("train/loss", train_loss, state.progress.step, precision)
     metrics = {
         "train/loss": train_loss,
         "train/lr": result.lr,
@@ -391,10 +401,11 @@ def log_training(state: TrainState, result: StepResult, perf: PerfMeter, logger:
     return train_loss
 
 
-def out_of_memory_advice(batch_size: int, accum: int) -> str:
-    """What to change after the GPU ran out of memory: the same global batch in smaller pieces."""
+def out_of_memory_advice(batch_size: int, accum: int, memory_hint: str) -> str:
+    """What to change after the GPU ran out of memory: the same global batch in smaller pieces (memory_hint:
+    the task's TaskSpec.memory_hint, for data.batch_size=1)."""
     if batch_size == 1:
-        return f"CUDA out of memory at data.batch_size=1; try trainer.precision=bf16 or {TASK.memory_hint}"
+        return f"CUDA out of memory at data.batch_size=1; try trainer.precision=bf16 or {memory_hint}"
     factor = next(f for f in range(2, batch_size + 1) if batch_size % f == 0)
     return (
         f"CUDA out of memory; lower data.batch_size and raise trainer.grad_accum_steps by the same factor, which "

@@ -26,7 +26,6 @@ from torch import nn
 from .ckpt.checkpoint import save_weights, set_aside_later_checkpoints, weights_metadata
 from .ckpt.files import atomic_write, move_aside, writing
 from .ckpt.sharded import write_weights_gathered
-from .config import TASK, Config, to_yaml
 from .errors import ConfigError, OutputError, RunDirectoryBusy, write_failure
 from .metrics import truncate_metrics
 from .parallel import distributed
@@ -92,8 +91,8 @@ def _flat(config: dict, prefix: str = "") -> dict:
     return flat
 
 
-def _may_change(key: str) -> bool:
-    allowed = (*RESUME_MAY_CHANGE, *TASK.resume_may_change)
+def _may_change(key: str, task_may_change: tuple[str, ...]) -> bool:
+    allowed = (*RESUME_MAY_CHANGE, *task_may_change)
     return key in allowed or f"{key.split('.')[0]}.*" in allowed
 
 
@@ -107,12 +106,18 @@ def config_changes(stored: dict, current: dict) -> dict[str, tuple]:
 
 
 def check_resume_changes(
-    changes: dict[str, tuple], path: Path, stored_global_batch: int, global_batch: int, override_optim: bool
+    changes: dict[str, tuple],
+    path: Path,
+    stored_global_batch: int,
+    global_batch: int,
+    override_optim: bool,
+    task_may_change: tuple[str, ...] = (),
 ) -> list[str]:
-    """Refuse changes a resumed run cannot honour (ConfigError naming each); return the allowed ones."""
+    """Refuse changes a resumed run cannot honour (ConfigError naming each); return the allowed ones.
+    task_may_change: the task's keys that may change too (TaskSpec.resume_may_change)."""
     refused = {}
     for key, (old, new) in changes.items():
-        if _may_change(key) or (key in OPTIM_KEYS and override_optim):
+        if _may_change(key, task_may_change) or (key in OPTIM_KEYS and override_optim):
             continue
         if key in GLOBAL_BATCH_KEYS and stored_global_batch == global_batch:
             continue
@@ -159,10 +164,16 @@ def claim_output_dir(output_dir: Path) -> RunLock:
 
 
 def start_in_output_dir(
-    output_dir: Path, cfg: Config, start_step: int, resumed: bool, model_files: dict[str, bytes] | None = None
+    output_dir: Path,
+    config_yaml: str,
+    resume: str,
+    start_step: int,
+    resumed: bool,
+    model_files: dict[str, bytes] | None = None,
 ) -> None:
-    """Before the first step (main process only): keep every earlier file, then write config.yaml and
-    the task's model files (Task.model_files: what turns inputs into the model's, say).
+    """Before the first step (main process only): keep every earlier file, then write config.yaml (the
+    whole resolved config, config_yaml) and the task's model files (Task.model_files: what turns inputs
+    into the model's, say). resume is trainer.resume.
 
     A resumed run keeps the metrics logged up to its checkpoint; a fresh start sets the earlier
     run's files aside. Either way, checkpoints and a best model of steps after start_step belong
@@ -176,10 +187,10 @@ def start_in_output_dir(
             set_aside_run_files(output_dir, ["best.safetensors", "best.json"])
     else:
         set_aside_run_files(output_dir, (*RUN_FILES, *sorted({name.split("/")[0] for name in model_files})))
-    set_aside_later_checkpoints(output_dir / "checkpoints", start_step, cfg.trainer.resume)
+    set_aside_later_checkpoints(output_dir / "checkpoints", start_step, resume)
     config_file = output_dir / "config.yaml"
     with writing(config_file):
-        atomic_write(config_file, lambda tmp: tmp.write_text(to_yaml(cfg), encoding="utf-8"))
+        atomic_write(config_file, lambda tmp: tmp.write_text(config_yaml, encoding="utf-8"))
     write_model_files(output_dir, model_files)
 
 

@@ -1,7 +1,9 @@
 """The one interface between the engine and a task, declared once.
 
-A task is the folder PACKAGE/task/. It hands the engine two things, and the engine reads nothing
-else from it (this module is the only one in engine/ that imports from task/):
+A task is the folder PACKAGE/task/. It declares two things, and the engine reads nothing else from
+it; nothing in engine/ imports task/. The command modules (PACKAGE/train.py, evaluate.py, ...) are
+the one place that names both: they import the two and hand them to the engine as arguments
+(load_config(SPEC, ...), train(cfg, SPEC, Task), ...):
 
 - task/config.py's ``SPEC``, a `TaskSpec`: what the task declares without running anything,
   its data: and model: config sections (subclasses of `DataBase` and `ModelBase`, whose keys the
@@ -60,7 +62,7 @@ class ModelBase:
     more compute per step."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # one object per task: equal and hashed by identity (config_class caches on it)
 class TaskSpec:
     """What a task declares about itself without running anything (task/config.py's SPEC)."""
 
@@ -189,17 +191,3 @@ class Task(abc.ABC):
         """Write the trained model (on the CPU, eval mode) in format fmt, one of EXPORT_FORMATS, under
         folder (the run's export/); return the path written."""
         raise ConfigError(f"export --format {fmt}: this task writes no such format")
-
-
-def task_spec() -> TaskSpec:
-    """The project's task declaration, task/config.py's SPEC."""
-    from ..task.config import SPEC
-
-    return SPEC
-
-
-def task_class() -> type[Task]:
-    """The project's task, task/task.py's Task (imported on first use: it brings the task's libraries)."""
-    from ..task.task import Task as ProjectTask
-
-    return ProjectTask

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -17,13 +18,16 @@ from torch import nn
 from .ckpt.checkpoint import rng_state, save_checkpoint, set_rng_state
 from .ckpt.restore import mismatch
 from .ckpt.sharded import ShardedSaver, ShardedWeights, load_training_state, sharded_state
-from .config import Config, to_dict, with_stored_defaults
+from .config import Config, DistributedConfig, TrainerConfig, to_dict, with_stored_defaults
 from .ema import WeightAverage
 from .errors import CheckpointError, OutputError, why_not_written
 from .metrics import SampleMean
 from .optim import REMEDIES, Diverged, apply_optim_config, check_finite, refresh_learning_rate
 from .parallel import distributed
 from .rundir import check_resume_changes, config_changes
+
+if TYPE_CHECKING:
+    from .seam import TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -167,15 +171,17 @@ class TrainState:
             if len(state["ranks"]) == world_size and "running" in mine:
                 self.running.load_state_dict(mine["running"], self.device)
 
-    def save(self, checkpoints: Path, cfg: Config, wait: bool = False) -> None:
+    def save(self, checkpoints: Path, config: dict, tcfg: TrainerConfig, wait: bool = False) -> None:
         """Write a verified checkpoint of this step (every rank calls it); all ranks learn the outcome.
+        config is what the checkpoint stores of the run's configuration (config.to_dict); tcfg the trainer
+        section (its precision, for the message of a non-finite loss, and keep_last).
 
         Sharded and asynchronous: returns once the state is copied, and the write goes on (see
         poll_save); wait=True (preemption, the end of training) returns once it is committed.
         """
         self.check_updates()  # never checkpoint a state that went non-finite
         if self.running.count:  # the same on every rank: all check, or none does
-            check_finite("train/loss", self.running.global_mean(), self.progress.step, cfg.trainer.precision)
+            check_finite("train/loss", self.running.global_mean(), self.progress.step, tcfg.precision)
         if self.saver is not None:
             tensors = sharded_state(self.model, self.optimizer)
             if self.ema:
@@ -184,17 +190,17 @@ class TrainState:
                 checkpoints,
                 self.progress.step,
                 tensors,
-                self.state_dict(to_dict(cfg), tensors=False),
-                cfg.trainer.keep_last,
+                self.state_dict(config, tensors=False),
+                tcfg.keep_last,
             )
             if wait:
                 self.saver.finish()
             return
-        state = self.state_dict(to_dict(cfg))
+        state = self.state_dict(config)
         error = None
         if state is not None:
             try:
-                save_checkpoint(checkpoints, state, self.progress.step, cfg.trainer.keep_last)
+                save_checkpoint(checkpoints, state, self.progress.step, tcfg.keep_last)
             except (OSError, RuntimeError, CheckpointError) as err:  # torch.save: RuntimeError on a full disk
                 error = (
                     f"could not write the step {self.progress.step} checkpoint in {checkpoints} "
@@ -220,9 +226,10 @@ class TrainState:
             self.saver.finish()
         self.saver.close()
 
-    def resume(self, path: Path, state: dict, cfg: Config, env, global_batch: int) -> None:
-        """Continue from a checkpoint: refuse config changes it cannot honour, then restore everything."""
-        stored = with_stored_defaults(state.get("config") or {})
+    def resume(self, path: Path, state: dict, cfg: Config, spec: TaskSpec, env, global_batch: int) -> None:
+        """Continue from a checkpoint: refuse config changes it cannot honour (the whole config compared with
+        the stored one, under the engine's rules and spec.resume_may_change), then restore everything."""
+        stored = with_stored_defaults(state.get("config") or {}, spec.stored_defaults)
         stored_batch = stored.get("data", {}).get("batch_size", cfg.data.batch_size)
         stored_accum = stored.get("trainer", {}).get("grad_accum_steps", cfg.trainer.grad_accum_steps)
         changed = check_resume_changes(
@@ -231,6 +238,7 @@ class TrainState:
             stored_global_batch=stored_batch * len(state.get("ranks") or [None]) * stored_accum,
             global_batch=global_batch,
             override_optim=cfg.trainer.override_optim,
+            task_may_change=spec.resume_may_change,
         )
         stored_progress = Progress()
         stored_progress.load_state_dict(state["progress"])
@@ -245,12 +253,13 @@ class TrainState:
         log.info("resumed from %s at step %d, epoch %d", path, self.progress.step, self.progress.epoch)
 
 
-def checkpoint_format(cfg: Config) -> str:
-    """trainer.checkpoint_format, with auto meaning sharded under FSDP or for asynchronous saves."""
-    if cfg.trainer.checkpoint_format != "auto":
-        return cfg.trainer.checkpoint_format
-    fsdp = distributed.resolve_strategy(cfg) == "fsdp" and distributed.joined()
-    return "sharded" if fsdp or cfg.trainer.async_checkpoint else "full"
+def checkpoint_format(tcfg: TrainerConfig, dcfg: DistributedConfig) -> str:
+    """trainer.checkpoint_format, with auto meaning sharded under FSDP (distributed.strategy) or for
+    asynchronous saves."""
+    if tcfg.checkpoint_format != "auto":
+        return tcfg.checkpoint_format
+    fsdp = distributed.resolve_strategy(dcfg) == "fsdp" and distributed.joined()
+    return "sharded" if fsdp or tcfg.async_checkpoint else "full"
 
 
 def check_resumable(progress: Progress, global_batch: int, path: Path) -> None:

@@ -1,1 +1,2 @@
-"""Checkpoints: atomic files, the full and sharded formats, and restoring a trained model."""
+"""Checkpoints: atomic files (files), the names in a checkpoints folder (names), the full and sharded formats
+(checkpoint, sharded), and restoring a trained model (restore)."""

@@ -24,26 +24,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..config import Config
 from ..errors import CheckpointError
 from ..parallel import distributed
 from . import sharded
 from .files import atomic_write, move_aside
+from .names import list_checkpoints, prune, step_of, strip_prefixes
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_NAME = re.compile(r"^step_(\d+)(\.pt)?$")  # a file step_N.pt or a sharded directory step_N
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DDP / DataParallel, torch.compile
-
-
-def strip_prefixes(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Keys without the module. / _orig_mod. prefixes that wrapped or compiled models add."""
-    clean = {}
-    for key, value in state_dict.items():
-        while key.startswith(WRAPPER_PREFIXES):
-            key = key.split(".", 1)[1]
-        clean[key] = value
-    return clean
 
 
 def verify(path: Path) -> None:
@@ -63,11 +50,6 @@ def verify(path: Path) -> None:
         raise CheckpointError(f"{path}: corrupt, record {bad} does not match its CRC-32")
 
 
-def step_of(path: Path) -> int:
-    """The optimizer step in a checkpoint's name."""
-    return int(CHECKPOINT_NAME.match(path.name).group(1))
-
-
 def save_checkpoint(directory: Path, state: dict, step: int, keep_last: int) -> Path:
     """Write state as directory/step_<step>.pt atomically, verify it, then prune older checkpoints.
 
@@ -80,16 +62,6 @@ def save_checkpoint(directory: Path, state: dict, step: int, keep_last: int) -> 
     return path
 
 
-def prune(directory: Path, step: int, keep_last: int) -> None:
-    """Delete the oldest checkpoints (files or sharded directories) before step, leaving keep_last in all."""
-    older = [p for p in list_checkpoints(directory) if step_of(p) < step]
-    for old in older[: max(0, len(older) - (keep_last - 1))]:
-        if old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
-
-
 def remove_stale_temporaries(directory: Path) -> None:
     """Delete temporary files and directories a killed save left behind (never a finished checkpoint)."""
     directory = Path(directory)
@@ -99,15 +71,6 @@ def remove_stale_temporaries(directory: Path) -> None:
                 shutil.rmtree(tmp, ignore_errors=True)
             else:
                 tmp.unlink(missing_ok=True)
-
-
-def list_checkpoints(directory: Path) -> list[Path]:
-    """Finished checkpoints in directory, oldest first (temporary files are ignored)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found = [p for p in directory.iterdir() if CHECKPOINT_NAME.match(p.name) and p.is_dir() != p.name.endswith(".pt")]
-    return sorted(found, key=step_of)
 
 
 def load_checkpoint(path: Path, map_location="cpu", rank: int = 0, world_size: int = 1) -> dict:
@@ -228,15 +191,15 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def resume_state(cfg: Config, checkpoints: Path, is_main: bool) -> tuple[Path, dict] | None:
-    """The checkpoint to continue from: trainer.resume=auto takes the newest valid one.
+def resume_state(resume: str, checkpoints: Path, is_main: bool) -> tuple[Path, dict] | None:
+    """The checkpoint to continue from (resume: trainer.resume): auto takes the newest valid one.
 
     Rank 0 chooses and tells the others, so every rank continues from the same file.
     """
-    if cfg.trainer.resume == "never":
+    if resume == "never":
         return None
-    if cfg.trainer.resume != "auto":
-        path = Path(cfg.trainer.resume)
+    if resume != "auto":
+        path = Path(resume)
         state, error = _load_on_every_rank(path)
         if error:
             raise CheckpointError(error)

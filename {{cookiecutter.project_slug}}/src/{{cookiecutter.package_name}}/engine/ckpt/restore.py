@@ -14,31 +14,37 @@ unless `--weights raw` asks for the trained weights themselves.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omegaconf import OmegaConf
 from torch import nn
 
-from ..config import TASK, Config, load_config, parse_args, with_stored_defaults
+from ..config import Config, load_config, parse_args, with_stored_defaults
 from ..ema import load_average_into
 from ..errors import CheckpointError, ConfigError
-from .checkpoint import latest_checkpoint, load_checkpoint, strip_prefixes
+from .checkpoint import latest_checkpoint, load_checkpoint
+from .names import strip_prefixes
 from .sharded import ShardedWeights, load_weights_into
+
+if TYPE_CHECKING:
+    from ..seam import TaskSpec
 
 # Training-only settings a --config file may carry (a resume path) that may be gone where a trained
 # model is restored; the task adds its own (TaskSpec.inference_only).
 INFERENCE_ONLY = ("trainer.resume=never",)
 
 
-def restore_trained(argv: list[str], program: str) -> tuple[Config, Path, dict]:
-    """Config, checkpoint path and checkpoint state for --checkpoint PATH or the run's newest one.
+def restore_trained(spec: TaskSpec, argv: list[str], program: str) -> tuple[Config, Path, dict]:
+    """Config (of the task spec declares), checkpoint path and checkpoint state for --checkpoint PATH or
+    the run's newest one.
 
     Defaults < the checkpoint's TaskSpec.from_checkpoint keys < --config files < key=value overrides.
     run.output_dir is the command line's; with --checkpoint PATH alone, the folder beside it.
     """
     checkpoint_arg, weights, rest = _checkpoint_option(argv)
-    files, overrides = parse_args(rest, program)
-    overrides = [*INFERENCE_ONLY, *TASK.inference_only, *overrides]
-    cfg = load_config(files, overrides)
+    files, overrides = parse_args(spec, rest, program)
+    overrides = [*INFERENCE_ONLY, *spec.inference_only, *overrides]
+    cfg = load_config(spec, files, overrides)
     if checkpoint_arg:
         path, state = Path(checkpoint_arg), load_checkpoint(Path(checkpoint_arg))
     else:
@@ -49,7 +55,7 @@ def restore_trained(argv: list[str], program: str) -> tuple[Config, Path, dict]:
                 "or pass --checkpoint PATH"
             )
         path, state = found
-    cfg = load_config(files, overrides, base=model_and_task(state, path))
+    cfg = load_config(spec, files, overrides, base=model_and_task(state, path, spec))
     if checkpoint_arg and not _output_dir_given(files, overrides):
         cfg.run.output_dir = str(beside(path))  # set here, not as an override: a path is never parsed
     if weights == "raw":
@@ -87,11 +93,12 @@ def _checkpoint_option(argv: list[str]) -> tuple[str | None, str | None, list[st
     return found["--checkpoint"], found["--weights"], rest
 
 
-def model_and_task(state: dict, path: Path) -> dict:
-    """The TaskSpec.from_checkpoint part of a checkpoint's stored config, as {section: {key: value}}."""
-    stored = with_stored_defaults(state["config"]) if isinstance(state.get("config"), dict) else {}
+def model_and_task(state: dict, path: Path, spec: TaskSpec) -> dict:
+    """The spec.from_checkpoint part of a checkpoint's stored config, as {section: {key: value}}."""
+    stored = state.get("config")
+    stored = with_stored_defaults(stored, spec.stored_defaults) if isinstance(stored, dict) else {}
     taken: dict = {}
-    for section, keys in TASK.from_checkpoint.items():
+    for section, keys in spec.from_checkpoint.items():
         values = stored.get(section) if isinstance(stored.get(section), dict) else {}
         for key in keys:
             if key in values:

@@ -300,7 +300,7 @@ class ShardedSaver:
         os.replace(folder, target)
         fsync_dir(folder.parent)
         pending.committed = True
-        from .checkpoint import prune  # checkpoint.py imports this module
+        from .names import prune
 
         prune(folder.parent, pending.step, pending.keep_last)
         return target
@@ -387,7 +387,7 @@ def write_weights_gathered(model: nn.Module, path: Path, metadata: dict[str, str
     failed write raises OutputError on every rank, and nothing is left behind."""
     from torch.distributed.tensor import DTensor
 
-    from .checkpoint import strip_prefixes
+    from .names import strip_prefixes
 
     tensors = strip_prefixes(uncompiled(model).state_dict())
 

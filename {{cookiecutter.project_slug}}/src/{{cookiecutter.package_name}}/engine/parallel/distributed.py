@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..config import Config, ConfigError
+from ..config import ConfigError, DistributedConfig, RunConfig
 from ..torch_private import forget_mesh_groups, uncompiled
 from . import recompute
 
@@ -60,26 +60,27 @@ def _env_int(name: str, default: int) -> int:
         raise ConfigError(f"environment variable {name}={value!r} must be an integer (set by the launcher)") from None
 
 
-def setup(cfg: Config) -> DistEnv:
-    """Read the launcher's variables, pick this process's device and join the process group."""
+def setup(run: RunConfig, dcfg: DistributedConfig) -> DistEnv:
+    """Read the launcher's variables, pick this process's device (run.device) and join the process group
+    (distributed.strategy, backend and timeout_s)."""
     world_size = _env_int("WORLD_SIZE", 1)
     rank, local_rank = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0)
     missing = [name for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
     if world_size > 1 and missing:
         raise ConfigError(f"WORLD_SIZE={world_size} but {', '.join(missing)} not set; start with torchrun")
-    if torch.cuda.is_available() and cfg.run.device != "cpu":
+    if torch.cuda.is_available() and run.device != "cpu":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        if cfg.run.cache_cpu_memory:
+        if run.cache_cpu_memory:
             cache_freed_memory()
     launched = "MASTER_ADDR" in os.environ  # by torchrun or accelerate, even with one process
-    if world_size > 1 or (launched and cfg.distributed.strategy in ("ddp", "fsdp")):
-        backend = cfg.distributed.backend
+    if world_size > 1 or (launched and dcfg.strategy in ("ddp", "fsdp")):
+        backend = dcfg.backend
         if backend == "auto":
             backend = "nccl" if device.type == "cuda" else "gloo"
-        timeout = timedelta(seconds=cfg.distributed.timeout_s)
+        timeout = timedelta(seconds=dcfg.timeout_s)
         store = restart_store(world_size, timeout)
         if store is None:
             warn_if_restarts_share_a_store(world_size)
@@ -218,50 +219,52 @@ def free_finished_models() -> None:
     gc.collect()
 
 
-def resolve_strategy(cfg: Config) -> str:
+def resolve_strategy(dcfg: DistributedConfig) -> str:
     """distributed.strategy, with auto meaning fsdp under an accelerate FSDP config and ddp otherwise."""
-    if cfg.distributed.strategy != "auto":
-        return cfg.distributed.strategy
+    if dcfg.strategy != "auto":
+        return dcfg.strategy
     return "fsdp" if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" else "ddp"
 
 
-def build_model(task, cfg: Config, env: DistEnv) -> nn.Module:
+def build_model(
+    task, env: DistEnv, dcfg: DistributedConfig, precision: str, recompute_activations: bool = False
+) -> nn.Module:
     """The task's model on this process's device, ready to train: FSDP2 (built on the meta device
     and sharded before any weight exists, meta_init.py), DDP, or as it is for one process.
 
-    model.activation_checkpointing makes each block recompute its activations in backward."""
-    strategy = resolve_strategy(cfg)
-    replicate = cfg.distributed.replicate_degree
+    precision is trainer.precision; recompute_activations (model.activation_checkpointing) makes each
+    block recompute its activations in backward."""
+    strategy = resolve_strategy(dcfg)
+    replicate = dcfg.replicate_degree
     if replicate > 1 and (strategy != "fsdp" or env.world_size % replicate):
         raise ConfigError(
             f"distributed.replicate_degree={replicate} needs distributed.strategy=fsdp and a number of processes "
             f"it divides (HSDP; {env.world_size} processes here)"
         )
     if joined() and strategy == "fsdp":
-        if cfg.trainer.precision == "fp16":
+        if precision == "fp16":
             raise ConfigError("distributed.strategy=fsdp supports trainer.precision=bf16 or fp32, not fp16")
-        if cfg.distributed.sync_batchnorm:
+        if dcfg.sync_batchnorm:
             raise ConfigError("distributed.sync_batchnorm=true needs distributed.strategy=ddp (FSDP shares rank 0's)")
         shard = functools.partial(
-            shard_model, env=env, precision=cfg.trainer.precision, replicate=replicate,
-            recompute_activations=cfg.model.activation_checkpointing,
-        )  # fmt: skip
+            shard_model, env=env, precision=precision, replicate=replicate, recompute_activations=recompute_activations
+        )
         return task.build_model(env.device, shard)
     model = task.build_model(env.device)
-    if cfg.model.activation_checkpointing:
+    if recompute_activations:
         recompute.enable(model)
-    return wrap_model(model, cfg, env)
+    return wrap_model(model, dcfg, env)
 
 
-def wrap_model(model: nn.Module, cfg: Config, env: DistEnv) -> nn.Module:
+def wrap_model(model: nn.Module, dcfg: DistributedConfig, env: DistEnv) -> nn.Module:
     """DDP when more than one process trains (build_model shards FSDP models itself)."""
     if not joined():
         return model  # one process without a launcher: nothing to replicate or shard
-    if resolve_strategy(cfg) == "none":
+    if resolve_strategy(dcfg) == "none":
         raise ConfigError(
             f"distributed.strategy=none with {env.world_size} processes would train independent models; use ddp"
         )
-    if cfg.distributed.sync_batchnorm:
+    if dcfg.sync_batchnorm:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     log.info("DDP over %d processes", env.world_size)
     device_ids = [env.device.index] if env.device.type == "cuda" else None

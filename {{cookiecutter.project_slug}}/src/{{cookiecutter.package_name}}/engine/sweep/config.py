@@ -5,14 +5,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import load_config, read_yaml
+from ..config import load_config, monitored, read_yaml
 from ..errors import ConfigError, error_line
-from ..loop import monitored
+
+if TYPE_CHECKING:
+    from ..seam import TaskSpec
 
 TYPES = ("float", "int", "categorical")
 SAMPLERS = ("tpe", "random")
@@ -168,19 +170,20 @@ def probes(space: SearchSpace) -> list[Any]:
     return [int(space.low), int(space.high)] if space.type == "int" else [space.low, space.high]
 
 
-def check_training(sweep: SweepConfig) -> tuple[str, str]:
-    """Load the training config with every bound of the search space, so that a typo in a key or a value
-    the training refuses stops the sweep now rather than in trial 7; returns the metric and direction."""
+def check_training(sweep: SweepConfig, spec: TaskSpec) -> tuple[str, str]:
+    """Load the training config (of the task spec declares) with every bound of the search space, so that a
+    typo in a key or a value the training refuses stops the sweep now rather than in trial 7; returns the
+    metric and direction."""
     try:
-        cfg = load_config(sweep.config, sweep.overrides)
+        cfg = load_config(spec, sweep.config, sweep.overrides)
     except ConfigError as err:
         raise ConfigError(f"the training config of the sweep: {error_line(err)}") from None
     points = [{key: value} for key, space in sweep.params.items() for value in probes(space)] + sweep.enqueue
     for point in points:
         sampled = [as_override(key, value) for key, value in point.items()]
         try:
-            load_config(sweep.config, [*sweep.overrides, *sampled])
+            load_config(spec, sweep.config, [*sweep.overrides, *sampled])
         except ConfigError as err:
             raise ConfigError(f"{' '.join(sampled)} (from the sweep file): {error_line(err)}") from None
-    metric, mode = monitored(cfg)
+    metric, mode = monitored(cfg.trainer, spec)
     return metric, "maximize" if mode == "max" else "minimize"

@@ -9,7 +9,7 @@ from torchvision.transforms import v2
 from {{ cookiecutter.package_name }}.engine.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.engine.errors import DataError
 from {{ cookiecutter.package_name }}.engine.loaders import ResumableSampler, build_train_loader, build_val_loader, sample_bits
-from {{ cookiecutter.package_name }}.task.config import DataConfig
+from {{ cookiecutter.package_name }}.task.config import SPEC, DataConfig
 from {{ cookiecutter.package_name }}.task.data import (
     MEAN_STD,
     DeviceImages,
@@ -167,7 +167,7 @@ def test_imagefolder_class_mismatch_is_refused(tmp_path):
 
 def test_cifar10_missing_offline_is_a_clear_error(tmp_path):
     """cifar10 without the files (and without download) names data.root instead of a traceback."""
-    cfg = load_config([], ["data.name=cifar10", f"data.root={tmp_path}", "data.download=false"])
+    cfg = load_config(SPEC, [], ["data.name=cifar10", f"data.root={tmp_path}", "data.download=false"])
     with pytest.raises(ConfigError, match="CIFAR-10 is not in data.root"):
         build_datasets(cfg.data)
 
@@ -201,6 +201,7 @@ import torch.distributed as dist
 from torchvision.datasets import CIFAR10, cifar
 
 from {{ cookiecutter.package_name }}.engine.config import load_config
+from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.task.data import build_datasets
 from {{ cookiecutter.package_name }}.engine.errors import DataError
 
@@ -225,7 +226,7 @@ def download(self):
 CIFAR10.download = download
 cifar.check_integrity = lambda path, md5=None: os.path.isfile(path)  # the fake files have other checksums
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-data = load_config([], ["data.name=cifar10", f"data.root={root}"]).data
+data = load_config(SPEC, [], ["data.name=cifar10", f"data.root={root}"]).data
 start = time.monotonic()
 try:
     train_set, val_set, classes = build_datasets(data)

@@ -13,9 +13,10 @@ from torchvision import datasets
 from {{ cookiecutter.package_name }}.engine.ckpt import checkpoint as checkpoint_module
 from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import latest_checkpoint
 from {{ cookiecutter.package_name }}.engine.ckpt.restore import restore_trained
-from {{ cookiecutter.package_name }}.engine.config import Config
+from {{ cookiecutter.package_name }}.engine.config import config_class
 from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
 from {{ cookiecutter.package_name }}.export import main as export_main
+from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.train import main as train_main
 
 from conftest import TINY
@@ -120,7 +121,7 @@ def test_the_checkpoint_does_not_choose_where_data_is_read_or_downloaded(trained
 def test_only_model_and_task_keys_come_from_the_checkpoint(tmp_path):
     """The stored config gives the model's and the task's shape; batch size, seed, paths and the rest
     are the command line's or the defaults, and command-line overrides still win."""
-    stored = Config()
+    stored = config_class(SPEC)()
     stored.model.name, stored.model.norm, stored.model.small_input = "resnet50", "group", False
     stored.data.image_size, stored.data.num_classes, stored.data.val_size = 24, 7, 9
     stored.trainer.precision = "bf16"
@@ -129,11 +130,11 @@ def test_only_model_and_task_keys_come_from_the_checkpoint(tmp_path):
     stored.data.root, stored.run.output_dir = str(tmp_path / "data"), str(tmp_path / "out")
     torch.save({"model": {}, "config": asdict(stored)}, tmp_path / "weights.pt")
 
-    cfg = restore_trained(["--checkpoint", str(tmp_path / "weights.pt"), "data.val_size=11"], "test")[0]
+    cfg = restore_trained(SPEC, ["--checkpoint", str(tmp_path / "weights.pt"), "data.val_size=11"], "test")[0]
     assert (cfg.model.name, cfg.model.norm, cfg.model.small_input) == ("resnet50", "group", False)
     assert (cfg.data.image_size, cfg.data.num_classes, cfg.trainer.precision) == (24, 7, "bf16")
     assert cfg.data.val_size == 11  # the command line wins
-    default = Config()
+    default = config_class(SPEC)()
     assert (cfg.data.batch_size, cfg.data.num_workers, cfg.data.augment) == (
         default.data.batch_size,
         default.data.num_workers,

@@ -11,7 +11,7 @@ from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import latest_checkp
 from {{ cookiecutter.package_name }}.engine.config import load_config
 from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
 from {{ cookiecutter.package_name }}.export import main as export_main
-from {{ cookiecutter.package_name }}.task.config import ModelConfig
+from {{ cookiecutter.package_name }}.task.config import SPEC, ModelConfig
 from {{ cookiecutter.package_name }}.task.data import DeviceImages, build_datasets
 from {{ cookiecutter.package_name }}.task.model import build_model
 from {{ cookiecutter.package_name }}.train import main as train_main
@@ -51,7 +51,7 @@ def test_exported_program_runs_with_plain_torch_and_matches_the_trained_model(ti
     assert train_main([*tiny, "trainer.max_steps=3"]) == 0
     assert export_main([f"run.output_dir={run_dir}"]) == 0
 
-    data = load_config([], tiny).data
+    data = load_config(SPEC, [], tiny).data
     _, val_set, num_classes = build_datasets(data)
     images = torch.stack([val_set[i][0] for i in range(7)])  # real validation images, another batch size
     images = DeviceImages(torch.device("cpu"), data.name)(images)  # normalised, as training sees them

@@ -18,6 +18,7 @@ from {{ cookiecutter.package_name }}.engine.config import load_config
 from {{ cookiecutter.package_name }}.engine.optim import warmup_cosine
 from {{ cookiecutter.package_name }}.engine.parallel import distributed
 from {{ cookiecutter.package_name }}.task import task as task_module
+from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.train import main, train
 
 from conftest import read_metrics, torchrun
@@ -32,7 +33,7 @@ def test_smoke_run_learns_and_writes_its_outputs(tiny, run_dir, capsys):
     vals = [r for r in records if "val/acc" in r]
     assert [r["val/samples"] for r in vals] == [101, 101]
     assert all(k in records[0] for k in ("step", "epoch", "perf/samples_per_s"))
-    assert load_config([run_dir / "config.yaml"]).trainer.max_epochs == 2  # the resolved config
+    assert load_config(SPEC, [run_dir / "config.yaml"]).trainer.max_epochs == 2  # the resolved config
     assert (run_dir / "best.safetensors").exists() and list_checkpoints(run_dir / "checkpoints")
     assert "final val/acc=" in capsys.readouterr().out
 
@@ -101,7 +102,7 @@ def test_real_cuda_out_of_memory_is_one_line(tiny, capsys):
 @pytest.mark.slow
 def test_bf16_autocast_on_cpu_trains_without_a_scaler(tiny, run_dir):
     """bf16 runs under autocast with the gradient scaler disabled (it is for fp16 only)."""
-    cfg = load_config([], [*tiny, "trainer.precision=bf16", "trainer.max_steps=2"])
+    cfg = load_config(SPEC, [], [*tiny, "trainer.precision=bf16", "trainer.max_steps=2"])
     result = train(cfg)
     assert result["val/samples"] == 101
     _, state = latest_checkpoint(run_dir / "checkpoints")

@@ -1,4 +1,4 @@
-"""The `python -m PACKAGE.prepare` command; the code is the task's own, in task/prepare.py."""
+"""The `python -m PACKAGE.prepare` command; the code is the task's own, in task/prepare/."""
 
 import sys
 

@@ -1,9 +1,11 @@
 """Small random Hugging Face models and tokenizers, made here by `transformers` and `tokenizers`
 (offline): the llama family's (Llama, Qwen2, Mistral), a byte-level BPE tokenizer with a chat
 template, and a tokenizer of each style that checkpoints ship (STYLES) with the chat template of a
-family (TEMPLATES), saved as the folders a user downloads."""
+family (TEMPLATES), saved as the folders a user downloads; and the conversations the chat tests
+prepare (CONVERSATION, arithmetic)."""
 
 import json
+import random
 import re
 
 import torch
@@ -187,3 +189,25 @@ def style_tokenizer(style: str, folder, corpus: list[str], template: str, specia
     fast.chat_template = template
     fast.save_pretrained(str(folder))
     return folder / "tokenizer.json"
+
+
+CONVERSATION = [
+    {"role": "system", "content": "You add numbers."},
+    {"role": "user", "content": "what is 17+25?"},
+    {"role": "assistant", "content": "42"},
+    {"role": "user", "content": "and 2+2?"},
+    {"role": "assistant", "content": "4"},
+]
+
+
+def arithmetic(count: int, seed: int) -> list[dict]:
+    """Single-exchange sums, some with a system turn: conversations of uneven lengths."""
+    rng = random.Random(seed)
+    records = []
+    for i in range(count):
+        a, b = rng.randint(1, 999), rng.randint(1, 999)
+        messages = [{"role": "user", "content": f"what is {a}+{b}?"}, {"role": "assistant", "content": str(a + b)}]
+        if i % 3 == 0:
+            messages.insert(0, {"role": "system", "content": "Answer with the number only." * (1 + i % 4)})
+        records.append({"messages": messages})
+    return records

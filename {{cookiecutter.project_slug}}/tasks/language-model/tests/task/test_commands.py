@@ -20,10 +20,11 @@ from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import (
 )
 from {{ cookiecutter.package_name }}.engine.ckpt.restore import load_model_weights
 from {{ cookiecutter.package_name }}.engine.config import load_config
-from {{ cookiecutter.package_name }}.engine.seam import task_class
 from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.generate import main as generate_main
+from {{ cookiecutter.package_name }}.task.config import SPEC
+from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main
 
 from conftest import read_metrics, torchrun
@@ -52,7 +53,7 @@ def test_smoke_run_learns_and_writes_its_outputs(tiny, run_dir, capsys):
     assert last["val/loss_floor"] < last["val/loss"] and last["val/best_loss"] == last["val/loss"]
     train_line = next(r for r in records if "train/loss" in r)
     assert train_line["perf/tokens_per_s"] == pytest.approx(train_line["perf/samples_per_s"] * 16)
-    assert load_config([run_dir / "config.yaml"]).trainer.max_epochs == 2  # the resolved config
+    assert load_config(SPEC, [run_dir / "config.yaml"]).trainer.max_epochs == 2  # the resolved config
     assert (run_dir / "best.safetensors").exists() and list_checkpoints(run_dir / "checkpoints")
     assert "final val/loss=" in capsys.readouterr().out
 
@@ -231,8 +232,8 @@ def test_a_checkpoint_of_the_flat_layout_resumes_exactly(tiny, tmp_path, final_w
     saves += ["optim.betas=[0.9,0.999]", "optim.lr=0.006", "model.arch=gpt2"]  # and gpt2, the default then
     old = load_checkpoint(FLAT_LAYOUT_CHECKPOINT)
     stored = torch.load(FLAT_LAYOUT_CHECKPOINT, map_location="cpu", weights_only=True)["model"]
-    cfg = load_config([], [*tiny, *saves])
-    task = task_class()(cfg, torch.device("cpu"))
+    cfg = load_config(SPEC, [], [*tiny, *saves])
+    task = Task(cfg, torch.device("cpu"))
     task.datasets()  # the model's vocabulary follows the data
     model = task.build_model()
     load_model_weights(model, old, FLAT_LAYOUT_CHECKPOINT)

@@ -15,6 +15,7 @@ from {{ cookiecutter.package_name }}.engine.ckpt.restore import load_model_weigh
 from {{ cookiecutter.package_name }}.engine.config import load_config
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
+from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main as train_main
 
@@ -56,7 +57,7 @@ def gpt2_folder(path, vocab_size: int = VOCAB, layout: str = "model.safetensors"
 
 
 def our_model(overrides: list[str]):
-    task = Task(load_config([], overrides), torch.device("cpu"))
+    task = Task(load_config(SPEC, [], overrides), torch.device("cpu"))
     task.datasets()
     return task.build_model().eval(), task
 
@@ -85,7 +86,7 @@ def test_export_hf_loads_back_into_transformers(tmp_path):
         assert export_main([f"run.output_dir={run}", "--format", "hf"]) == 0
         loaded = transformers.AutoModelForCausalLM.from_pretrained(str(run / "export" / "hf")).eval()
         path, state = latest_checkpoint(run / "checkpoints")  # rebuilt as evaluate and export do it
-        task = Task(load_config([], BASE, base=model_and_task(state, path)), torch.device("cpu"))
+        task = Task(load_config(SPEC, [], BASE, base=model_and_task(state, path, SPEC)), torch.device("cpu"))
         task.datasets()
         model = task.build_model().eval()
         load_model_weights(model, state, path)

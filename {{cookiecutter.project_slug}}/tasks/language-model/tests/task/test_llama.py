@@ -15,10 +15,9 @@ from {{ cookiecutter.package_name }}.engine.config import ConfigError, load_conf
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.generate import main as generate_main
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
-from {{ cookiecutter.package_name }}.task import hf
-from {{ cookiecutter.package_name }}.task.config import ModelConfig
+from {{ cookiecutter.package_name }}.task.config import SPEC, ModelConfig
 from {{ cookiecutter.package_name }}.task.generate import sample
-from {{ cookiecutter.package_name }}.task.model import PRESETS, ModelShape, architecture, build_model
+from {{ cookiecutter.package_name }}.task.model import PRESETS, ModelShape, architecture, build_model, hf
 from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main
 
@@ -130,8 +129,8 @@ def test_llama_keys_are_checked_and_refused_for_gpt2():
     }
     for overrides, says in refused.items():
         with pytest.raises(ConfigError, match=says):
-            load_config([], overrides.split())
-    assert load_config([], ["model.preset=smollm2-135m"]).model.arch == "llama"
+            load_config(SPEC, [], overrides.split())
+    assert load_config(SPEC, [], ["model.preset=smollm2-135m"]).model.arch == "llama"
 
 
 def test_a_llama_run_resumes_exactly_exports_and_generates(tmp_path, capsys):
@@ -205,7 +204,7 @@ def test_a_folder_gives_its_logits_exports_bit_for_bit_and_loads_back(tmp_path, 
     settings = ["run.device=cpu", "tracker.name=none", "data.name=text", f"data.root={data}", "data.seq_len=16",
                 "data.batch_size=4", "trainer.val_every=null", "optim.warmup_steps=1",
                 f"model.init_from={folder}"]  # fmt: skip
-    task = Task(load_config([], settings), torch.device("cpu"))
+    task = Task(load_config(SPEC, [], settings), torch.device("cpu"))
     task.datasets()
     model = task.build_model().eval()
     window = 32 if "sliding_window" in keys else 64

@@ -83,7 +83,8 @@ def test_adamw_uses_gpt2_style_betas_by_default():
     """The language model's AdamW runs with beta2 0.95 (GPT-2-style training), not torch's 0.999."""
     from {{ cookiecutter.package_name }}.engine.config import load_config
     from {{ cookiecutter.package_name }}.engine.optim import build_optimizer
+    from {{ cookiecutter.package_name }}.task.config import SPEC
 
-    cfg = load_config([], [])
+    cfg = load_config(SPEC, [], [])
     optimizer = build_optimizer(build_model(cfg.model, vocab_size=32, seq_len=16), cfg.optim)
     assert [group["betas"] for group in optimizer.param_groups] == [(0.9, 0.95), (0.9, 0.95)]

@@ -12,10 +12,12 @@ import numpy as np
 import pytest
 
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
-from {{ cookiecutter.package_name }}.task import prepare as prepare_module
 from {{ cookiecutter.package_name }}.task.config import DataConfig
 from {{ cookiecutter.package_name }}.task.data import build_datasets
+from {{ cookiecutter.package_name }}.task.prepare import encode as prepare_encode
 from {{ cookiecutter.package_name }}.task.prepare import goes_to_val
+from {{ cookiecutter.package_name }}.task.prepare import pieces as prepare_pieces
+from {{ cookiecutter.package_name }}.task.prepare import split as prepare_split
 from {{ cookiecutter.package_name }}.train import main as train_main
 
 DOCUMENTS = [f"document {i}: " + "héllo wörld, " * (i % 7 + 1) + "\nsecond line {i}" for i in range(30)]
@@ -180,8 +182,8 @@ def test_workers_and_shards_write_the_same_bytes_and_train_the_same(tmp_path, mo
     jobs of ~2 kB, so the workers take turns; the bytes tokenizer always runs in one process),
     --shard-tokens cuts each split into files, and training reads the shards as the one stream they
     are: the same losses as from unsharded files."""
-    monkeypatch.setattr(prepare_module, "JOB", 2000)
-    monkeypatch.setattr(prepare_module, "PIECE", 512)  # the big file is read in pieces, cut after line ends
+    monkeypatch.setattr(prepare_encode, "JOB", 2000)
+    monkeypatch.setattr(prepare_pieces, "PIECE", 512)  # the big file is read in pieces, cut after line ends
     folder = tmp_path / "corpus"
     folder.mkdir()
     for i in range(12):
@@ -233,11 +235,11 @@ def write_records(path, documents: list[str]) -> tuple[list[str], list[str]]:
 def test_a_file_of_too_few_records_for_the_fraction_validates_its_smallest_hash(tmp_path, monkeypatch, name):
     """40 records in one file, none of which the default --val-fraction picks, still split: the record
     with the smallest hash is validation, meta.json names it, and --workers 2 writes the same bytes."""
-    monkeypatch.setattr(prepare_module, "JOB", 500)  # several jobs, so the workers take turns
+    monkeypatch.setattr(prepare_encode, "JOB", 500)  # several jobs, so the workers take turns
     documents = [f"record {i}: " + "héllo wörld " * (i % 5 + 1) for i in range(40)]
     arguments, identities = write_records(tmp_path / name, documents)
     assert not any(goes_to_val(identity, 0.05) for identity in identities)
-    smallest = min(range(40), key=lambda i: prepare_module._hash(identities[i]))
+    smallest = min(range(40), key=lambda i: prepare_split._hash(identities[i]))
     spec = bpe_tokenizer(tmp_path)
     for workers in ("1", "2"):
         out = tmp_path / f"out{workers}"

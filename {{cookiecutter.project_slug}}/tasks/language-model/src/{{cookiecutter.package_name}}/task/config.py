@@ -170,7 +170,7 @@ def validate(cfg: Config) -> None:
 def take_shape_from_folder(model: ModelConfig) -> None:
     """model.init_from's shape written into the model keys, so that the run's stored configuration
     rebuilds the model without the folder (evaluate, export, generate, a resume from elsewhere)."""
-    from .hf import read_config
+    from .model.hf import read_config
 
     shape = read_config(model.init_from)
     for key, value in shape.items():

@@ -38,8 +38,9 @@ from torch.nn import functional as F
 from ..engine import PACKAGE, cli
 from ..engine.ckpt.restore import beside, load_model_weights, restore_trained
 from ..engine.errors import ConfigError
-from .blocks import KVCache
 from .chat import ChatTemplate, tool_name
+from .config import SPEC
+from .model.blocks import KVCache
 from .task import Task
 
 
@@ -182,7 +183,7 @@ def generate(options: argparse.Namespace, rest: list[str]) -> tuple[str, str]:
 
 def _sampler(rest: list[str], options: argparse.Namespace):
     """The run's tokenizer, and sample(prompt ids, stop) with the checkpoint's model and the options."""
-    cfg, path, state = restore_trained(rest, f"{PACKAGE}.generate")
+    cfg, path, state = restore_trained(SPEC, rest, f"{PACKAGE}.generate")
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu")
     task = Task(cfg, device)
     if not task.use_model_files(beside(path)):  # the run's own tokenizer; a run from before it kept one: the data's

@@ -3,8 +3,8 @@ interface engine/seam.py declares (seam.Task).
 
 The training set takes the (epoch, index) keys of loaders.ResumableSampler, so the windows it cuts
 are the same for any number of processes and after a resume. config.py (its SPEC), tokenizer.py,
-data.py, model.py and validation.py are this task's own building blocks; prepare.py and
-generate.py its own commands.
+data.py, model/ and validation.py are this task's own building blocks; prepare/ and generate.py
+its own commands (__init__.py lists what lives where).
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from ..engine import PACKAGE, seam
 from ..engine.config import Config
 from ..engine.errors import ConfigError, DataError
 from ..engine.parallel import meta_init
-from . import hf
 from .chat import CHATML, ChatTemplate
 from .data import IGNORE, DeviceWindows, Packs, TokenData, build_datasets
-from .model import INIT_TYPES, ModelShape, architecture, init_module, lm_loss
+from .model import INIT_TYPES, ModelShape, architecture, hf, init_module, lm_loss
 from .tokenizer import FOLDER, HFTokenizer, describe, identity, read_identity, read_tokenizer, tokenizer_files
 from .validation import evaluate_model
 

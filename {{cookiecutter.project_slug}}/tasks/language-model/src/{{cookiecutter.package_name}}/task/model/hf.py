@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..engine.errors import ConfigError, DataError
+from ...engine.errors import ConfigError, DataError
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 WEIGHT_FILES += ("pytorch_model.bin.index.json",)
@@ -253,7 +253,7 @@ def hf_state(model: nn.Module) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def load_into(model: nn.Module, weights: dict[str, torch.Tensor], folder: str | Path) -> None:
     """Copy the folder's weights into the model's parameters (this process's shards of them under FSDP)."""
-    from ..engine.parallel.meta_init import copy_into
+    from ...engine.parallel.meta_init import copy_into
 
     params = dict(model.named_parameters())
     missing, unexpected = sorted(set(params) - set(weights)), sorted(set(weights) - set(params))

@@ -11,16 +11,18 @@ pieces they share in blocks.py. ModelShape is the one description both are built
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..engine.errors import ConfigError
-from .blocks import init_module
-from .config import ModelConfig
+from ...engine.errors import ConfigError
 from .gpt2 import GPT
 from .llama import Llama
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig  # config.py checks a shape with this module: annotations only here
 
 ARCHS = ("llama", "gpt2")
 DEFAULT_ARCH = "llama"  # for a new model of a size preset (bench/arch.py: 29% lower loss than gpt2 in the same time)
@@ -158,7 +160,6 @@ def architecture(shape: ModelShape) -> nn.Module:
 
 # The modules init_module initialises: all that hold parameters.
 INIT_TYPES = (nn.Linear, nn.Embedding, nn.LayerNorm, nn.RMSNorm)
-__all__ = ["GPT", "INIT_TYPES", "Llama", "ModelShape", "build_model", "init_module", "lm_loss"]
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
