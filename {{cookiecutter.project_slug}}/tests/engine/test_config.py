@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from {{ cookiecutter.package_name }}.engine.config import ConfigError, all_keys, config_class, field_docs, load_config
+from {{ cookiecutter.package_name }}.engine.seam import DataBase, ModelBase, TaskSpec
 from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.train import main
 
@@ -23,6 +24,49 @@ def test_default_yaml_spells_out_the_defaults():
     assert load_config(SPEC, [CONFIGS / "default.yaml"]) == load_config(SPEC)
     spelled = yaml.safe_load((CONFIGS / "default.yaml").read_text())
     assert sorted(f"{section}.{key}" for section, keys in spelled.items() for key in keys) == sorted(all_keys(SPEC))
+
+
+@dataclasses.dataclass
+class Points(DataBase):
+    count: int = 10
+    """Points to fit."""
+
+
+@dataclasses.dataclass
+class Line(ModelBase):
+    slope: float = 1.0
+    """The line's initial slope."""
+
+
+def _positive_slope(cfg) -> None:
+    if cfg.model.slope <= 0:
+        raise ConfigError(f"model.slope={cfg.model.slope} must be above 0")
+
+
+OTHER = TaskSpec(
+    data=Points, model=Line, metrics={"val/loss": "min"}, monitor="val/loss", choices={"data.count": (10, 20)},
+    validate=_positive_slope, defaults={"optim": {"lr": 0.5}},
+)  # fmt: skip
+
+
+def test_the_config_is_the_one_of_the_task_it_is_given():
+    """The engine reads the task from the TaskSpec a caller passes, never by looking one up: another spec's
+    sections, allowed values, checks and defaults apply, and each spec's configs share one type."""
+    cfg = load_config(OTHER, [], ["data.count=20", "model.slope=2.5"])
+    assert (cfg.data.count, cfg.model.slope, cfg.optim.lr) == (20, 2.5, 0.5)
+    assert type(cfg) is config_class(OTHER) is not config_class(SPEC) is type(load_config(SPEC))
+    assert load_config(OTHER) == load_config(OTHER) and all_keys(OTHER)[:3] == [
+        "run.output_dir",
+        "run.seed",
+        "run.deterministic",
+    ]
+    for override, message in [
+        ("data.count=30", "data.count=30 is not allowed"),
+        ("model.slope=-1", "model.slope=-1.0 must be above 0"),
+        ("data.root=elsewhere", "data.root: unknown key"),  # a key of this project's task, not of the other
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(OTHER, [], [override])
 
 
 def test_every_key_is_documented():

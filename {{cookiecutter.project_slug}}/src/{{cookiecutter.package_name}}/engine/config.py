@@ -310,7 +310,7 @@ def validate(cfg: Config, spec: TaskSpec) -> None:
     """Refuse values that are not allowed and combinations that cannot work, naming the key."""
     for key, allowed in choices(spec).items():
         if _get(cfg, key) not in allowed:
-            raise ConfigError(f"{key}={_get(cfg, key)!r} is not allowed; choose one of {', '.join(allowed)}")
+            raise ConfigError(f"{key}={_get(cfg, key)!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
     for key in at_least_one(spec):
         if _get(cfg, key) < 1:
             raise ConfigError(f"{key}={_get(cfg, key)} must be at least 1")
