@@ -10,7 +10,8 @@ width of 352) first trains the same number of steps, which gives its seconds per
 trains again for the steps that take gpt2's wall time (its schedule stretched or shrunk to them),
 and the final validation losses are compared: the one at the same steps and the one at the same
 time. With --reps N each run repeats N times and the medians are kept. The architecture that
-reaches the lower loss in the same time is the default for new models (task/model/build.py DEFAULT_ARCH).
+reaches the lower loss in the same time is the default for new models (DEFAULT_ARCH in
+task/model/build.py).
 """
 
 from __future__ import annotations

@@ -97,14 +97,12 @@ def drive(mode: str, package: str, out: Path, argv: list[str]) -> int:
     if mode == "build":
         real_build = distributed.build_model
 
-        def measured_build(task, cfg, env):
+        def measured_build(task, env, dcfg, precision, recompute_activations=False):
             with PeakRss() as rss:
                 if os.environ.get("BUILD") == "eager":  # whole on every rank, then sharded
-                    model = distributed.shard_model(
-                        task.build_model(env.device), env, cfg.trainer.precision
-                    )
+                    model = distributed.shard_model(task.build_model(env.device), env, precision)
                 else:
-                    model = real_build(task, cfg, env)
+                    model = real_build(task, env, dcfg, precision, recompute_activations)
             found["build_peak_extra"] = rss.peak - rss.before
             found["params"] = sum(p.numel() for p in model.parameters())
             found["local_params"] = sum(p.to_local().numel() for p in model.parameters())
@@ -114,10 +112,10 @@ def drive(mode: str, package: str, out: Path, argv: list[str]) -> int:
     else:
         real_save, real_step = state_module.TrainState.save, loop.train_step
 
-        def measured_save(self, checkpoints, cfg, wait=False):
+        def measured_save(self, checkpoints, config, tcfg, wait=False):
             with PeakRss() as rss:
                 started = time.perf_counter()
-                real_save(self, checkpoints, cfg, wait)
+                real_save(self, checkpoints, config, tcfg, wait)
                 blocked = time.perf_counter() - started
             local = sum(p.to_local().numel() * p.element_size() for p in self.model.parameters())
             found["share_bytes"] = 3 * local  # weights + Adam's two moments, this rank's shards
