@@ -121,31 +121,24 @@ def graph(request, cookies_session):
     return baked, import_graph(baked.path / "src", baked.package)
 
 
+def imports_of(imports: dict[str, dict[str, bool]], folder: str) -> set[tuple[str, str]]:
+    """(module, imported module) for every import made by a module of folder (engine, task)."""
+    mine = {module: edges for module, edges in imports.items() if module.startswith(folder)}
+    return {(module, target) for module, edges in mine.items() for target in edges}
+
+
 def test_the_engine_never_imports_the_task_or_a_command(graph):
     """Nothing under engine/ imports task/ or a command module, even for annotations: the commands
     hand the task to the engine."""
-    _, imports = graph
-    wrong = {
-        (module, target)
-        for module, edges in imports.items()
-        if module.startswith("engine")
-        for target in edges
-        if not target.startswith("engine")
-    }
+    wrong = {pair for pair in imports_of(graph[1], "engine") if not pair[1].startswith("engine")}
     assert not wrong, sorted(wrong)
 
 
 def test_the_task_reaches_the_engine_through_the_seam_and_named_helpers(graph):
     """task/ imports from engine/ only the seam, the configuration, the error kinds and the shared
     helpers TASK_MAY_IMPORT names (never the loop, the state or the checkpoint writer)."""
-    _, imports = graph
-    wrong = {
-        (module, target)
-        for module, edges in imports.items()
-        if module.startswith("task")
-        for target in edges
-        if target.startswith("engine") and target not in TASK_MAY_IMPORT
-    }
+    engine = {pair for pair in imports_of(graph[1], "task") if pair[1].startswith("engine")}
+    wrong = {pair for pair in engine if pair[1] not in TASK_MAY_IMPORT}
     assert not wrong, sorted(wrong)
 
 

@@ -200,7 +200,8 @@ def choices(spec: TaskSpec) -> dict[str, tuple]:
 
 
 def at_least_one(spec: TaskSpec) -> tuple[str, ...]:
-    """The keys that must be at least 1: the engine's AT_LEAST_ONE and the task's."""
+    """The keys that must be at least 1: the engine's AT_LEAST_ONE and the task's (after data.batch_size,
+    so that the data section's keys are checked, and listed, together)."""
     return (AT_LEAST_ONE[0], *spec.at_least_one, *AT_LEAST_ONE[1:])
 
 

@@ -14,18 +14,12 @@ from {{ cookiecutter.package_name }}.task.chat import CHATML, ChatTemplate
 from {{ cookiecutter.package_name }}.task.generate import Chat
 from {{ cookiecutter.package_name }}.task.tokenizer import HFTokenizer
 
-from hf_folders import CHATML_SPECIAL, STYLES, TEMPLATES, style_tokenizer
+from hf_folders import CHATML_SPECIAL, CONVERSATION, STYLES, TEMPLATES, style_tokenizer
 
 # Turns that trip tokenizers up: a space or a line end first, indented code, accents and an emoji (bytes
 # under a SentencePiece vocabulary), several answers.
 CONVERSATIONS = [
-    [
-        {"role": "system", "content": "You add numbers."},
-        {"role": "user", "content": "what is 17+25?"},
-        {"role": "assistant", "content": "42"},
-        {"role": "user", "content": "and 2+2?"},
-        {"role": "assistant", "content": "4"},
-    ],
+    CONVERSATION,
     [{"role": "user", "content": "Say hi in French."}, {"role": "assistant", "content": "Salut ! Ça va ? 👋"}],
     [
         {"role": "user", "content": "  a function, please"},
