@@ -13,7 +13,11 @@ Cases (each a real `python -m PACKAGE.train` run with the overrides in CASES):
   prepared-data format (throughput does not depend on what the tokens say);
 - the llama family at SmolLM2-135M's shape (30 layers, width 576, 9 heads over 3 key/value heads,
   SwiGLU 1536, tied; with the random tokens' 50,257-token vocabulary 135.2M parameters), 2048-token
-  sequences, batch 16 (the same tokens per step), bf16 + compile.
+  sequences, batch 16 (the same tokens per step), bf16 + compile;
+- LoRA at Llama-3.2-1B's shape (16 layers, width 2048, 32 heads over 8 key/value heads, SwiGLU
+  8192, tied, llama3 rotary scaling; 1.24B parameters with the 50,257-token vocabulary): r=16 on
+  every linear layer of the blocks over a frozen random base written as a Hugging Face folder
+  (model.init_from), 2048-token sequences, batch 8, bf16 + compile.
 
 Figures per case are medians over the run's own log windows (perf/samples_per_s, step time, data
 wait: host time in the loader for the workers, GPU time making batches, by CUDA events, for the
@@ -92,6 +96,33 @@ SMOLLM2_135M = [
     "trainer.precision=bf16",
     "model.compile=true",
 ]
+LLAMA_FOLDER = "{llama_folder}"  # replaced by the random base write_llama_folder writes
+LORA_1B = [
+    f"model.init_from={LLAMA_FOLDER}",
+    "model.lora.r=16",
+    "model.lora.alpha=32",
+    "data.seq_len=2048",
+    "data.batch_size=8",
+    "data.loader=device",
+    "trainer.precision=bf16",
+    "model.compile=true",
+]
+LLAMA_1B = {
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+}
+CPU_CHECK_LLAMA = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
 # Random tokens of the GPT-2 vocabulary: 610 steps of training, one batch of validation windows.
 LM_TOKENS = {"train": 20_000_000, "val": 32 * 1024 + 1}
 VOCAB = 50257
@@ -107,6 +138,7 @@ CASES = {
     "resnet18_32px_device_bf16_compile": ("image", [*IMAGE_32PX, *DEVICE, *BF16_COMPILE], 1500),
     "gpt2_small_1024_bf16_compile": ("lm", GPT2_SMALL, 600),
     "smollm2_135m_2048_bf16_compile": ("lm", SMOLLM2_135M, 600),
+    "llama3.2_1b_lora_r16_2048_bf16_compile": ("lm", LORA_1B, 300),
 }
 COMMON = [
     "trainer.resume=never",
@@ -224,6 +256,58 @@ def write_tokens(root: Path, sizes: dict[str, int]) -> Path:
     return root
 
 
+def write_llama_folder(folder: Path, keys: dict, vocab: int) -> Path:
+    """A Hugging Face Llama folder (config.json, model.safetensors in bf16) of random weights, N(0,
+    0.02), of the shape keys gives, Llama 3.2's rotary settings and a tied head."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rope = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+    rope["original_max_position_embeddings"] = 8192
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": vocab,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": rope,
+        "tie_word_embeddings": True,
+        "hidden_act": "silu",
+        "torch_dtype": "bfloat16",
+        **keys,
+    }
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    d, inner, heads = keys["hidden_size"], keys["intermediate_size"], keys["num_attention_heads"]
+    head, kv = keys["head_dim"], keys["num_key_value_heads"]
+    shapes = {"model.embed_tokens.weight": (vocab, d), "model.norm.weight": (d,)}
+    for i in range(keys["num_hidden_layers"]):
+        layer = f"model.layers.{i}."
+        shapes |= {
+            layer + "self_attn.q_proj.weight": (heads * head, d),
+            layer + "self_attn.k_proj.weight": (kv * head, d),
+            layer + "self_attn.v_proj.weight": (kv * head, d),
+            layer + "self_attn.o_proj.weight": (d, heads * head),
+            layer + "mlp.gate_proj.weight": (inner, d),
+            layer + "mlp.up_proj.weight": (inner, d),
+            layer + "mlp.down_proj.weight": (d, inner),
+            layer + "input_layernorm.weight": (d,),
+            layer + "post_attention_layernorm.weight": (d,),
+        }
+    generator = torch.Generator().manual_seed(0)
+    weights = {
+        name: torch.ones(shape)
+        if len(shape) == 1
+        else torch.randn(shape, generator=generator) * 0.02
+        for name, shape in shapes.items()
+    }
+    save_file(
+        {name: w.to(torch.bfloat16) for name, w in weights.items()},
+        str(folder / "model.safetensors"),
+    )
+    return folder
+
+
 def bake(work: Path, task: str) -> Path:
     from cookiecutter.main import cookiecutter
 
@@ -273,14 +357,23 @@ def checked(command: list, project: Path, log: Path | None = None, timeout: floa
 
 
 def case_overrides(
-    task: str, overrides: list[str], steps: int, cpu_check: bool, lm_data: Path
+    task: str,
+    overrides: list[str],
+    steps: int,
+    cpu_check: bool,
+    lm_data: Path,
+    llama_folder: Path | None = None,
 ) -> list[str]:
     chosen = [*COMMON, *overrides, f"trainer.max_steps={steps}"]
+    chosen = [o.replace(LLAMA_FOLDER, str(llama_folder)) for o in chosen]
     if task == "lm":
         chosen += ["data.name=text", f"data.root={lm_data}"]
     if not cpu_check:
         return [*chosen, "run.device=cuda"]
-    small = [*CPU_CHECK[task], "run.device=cpu", "trainer.log_every=2", "trainer.max_steps=8"]
+    check = CPU_CHECK[task]
+    if any(o.startswith("model.init_from=") for o in chosen):  # the folder's shape: a small one
+        check = [o for o in check if not o.startswith("model.")]
+    small = [*check, "run.device=cpu", "trainer.log_every=2", "trainer.max_steps=8"]
     replaced = {o.split("=")[0] for o in small} | {
         "model.compile"
     }  # compiling takes minutes on a CPU
@@ -393,6 +486,10 @@ def main() -> int:
             if "lm" in projects
             else None
         )
+        llama_folder = None
+        if any(LLAMA_FOLDER in " ".join(CASES[n][1]) for n in args.cases):
+            shape = CPU_CHECK_LLAMA if args.cpu_check else LLAMA_1B
+            llama_folder = write_llama_folder(work / "llama", shape, VOCAB)
         ceiling = matmul_ceiling_tflops(device, *((512, 3) if args.cpu_check else ()))
         peak = None if args.cpu_check else peak_tflops(device_name)
         results = {
@@ -407,12 +504,13 @@ def main() -> int:
             f"device: {device_name}\nmatmul_bf16_tflops: {ceiling:.4g}\nbf16_peak_tflops: {peak}",
             flush=True,
         )
-        flops = {}  # per task: every case of a task trains the same model on samples of one size
+        flops = {}  # per task, and per base for adapters: the model of the case, one sample
         for name in args.cases:
             task, overrides, steps = CASES[name]
             project, package = projects[task], package_of(projects[task])
-            chosen = case_overrides(task, overrides, steps, args.cpu_check, lm_data)
-            if task not in flops:
+            chosen = case_overrides(task, overrides, steps, args.cpu_check, lm_data, llama_folder)
+            model = (task, any(o.startswith("model.init_from=") for o in chosen))
+            if model not in flops:
                 shape = [
                     o
                     for o in chosen
@@ -420,7 +518,7 @@ def main() -> int:
                 ]
                 shape += ["data.train_size=64", "data.val_size=64"] if task == "image" else []
                 command = [sys.executable, "-c", FLOPS_SCRIPT, package, task, *shape]
-                flops[task] = json.loads(checked(command, project).splitlines()[-1])
+                flops[model] = json.loads(checked(command, project).splitlines()[-1])
             out = work / "runs" / name
             command = [sys.executable, "-m", f"{package}.train", *chosen, f"run.output_dir={out}"]
             checked(command, project, log=work / f"{name}.log")
@@ -429,7 +527,7 @@ def main() -> int:
             ]
             seq_len = int(setting(chosen, "data.seq_len"))
             log_every = int(setting(chosen, "trainer.log_every"))
-            case = case_figures(records, flops[task], task, seq_len, log_every, peak, ceiling)
+            case = case_figures(records, flops[model], task, seq_len, log_every, peak, ceiling)
             results["cases"][name] = {**case, "overrides": chosen}
             for figure, value in case.items():
                 print(f"gpu/{name}/{figure}: {value:.4g}", flush=True)

@@ -64,20 +64,22 @@ def _ours(package: str, weights: Path):
     return model, lambda tokens: model(tokens)
 
 
-def _theirs(weights: Path):
+def llama_for_causal_lm(shape: dict, seq_len: int, weights: Path):
+    """transformers' LlamaForCausalLM of a shape (SHAPE's keys; tied, SDPA) with weights by Hugging
+    Face's names from a safetensors file."""
     import transformers
     from safetensors.torch import load_file
 
     config = transformers.LlamaConfig(
-        vocab_size=SHAPE["vocab_size"],
-        hidden_size=SHAPE["d_model"],
-        intermediate_size=SHAPE["intermediate_size"],
-        num_hidden_layers=SHAPE["n_layer"],
-        num_attention_heads=SHAPE["n_head"],
-        num_key_value_heads=SHAPE["n_kv_head"],
-        max_position_embeddings=SEQ_LEN,
+        vocab_size=shape["vocab_size"],
+        hidden_size=shape["d_model"],
+        intermediate_size=shape["intermediate_size"],
+        num_hidden_layers=shape["n_layer"],
+        num_attention_heads=shape["n_head"],
+        num_key_value_heads=shape["n_kv_head"],
+        max_position_embeddings=seq_len,
         rms_norm_eps=1e-5,
-        rope_theta=SHAPE["rope_theta"],
+        rope_theta=shape["rope_theta"],
         tie_word_embeddings=True,
     )
     model = transformers.LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
@@ -85,6 +87,11 @@ def _theirs(weights: Path):
     if set(missing) - {"lm_head.weight"} or unexpected:
         raise SystemExit(f"weights do not fit LlamaForCausalLM: {missing[:3]} {unexpected[:3]}")
     model.tie_weights()
+    return model
+
+
+def _theirs(weights: Path):
+    model = llama_for_causal_lm(SHAPE, SEQ_LEN, weights)
     return model, lambda tokens: model(input_ids=tokens, use_cache=False).logits
 
 
@@ -103,17 +110,15 @@ def write_weights(package: str, path: Path) -> None:
     save_file({f"model.{k}": v.contiguous() for k, v in model.state_dict().items()}, str(path))
 
 
-def contender(which: str, package: str, weights: Path, warmup: int, steps: int) -> dict:
-    """One contender's run, in this process: its step times, first loss and peak extra memory."""
+def timed_steps(forward, optimizer, shape: dict, batch: int, seq_len: int, warmup: int, steps: int):
+    """warmup + steps training steps (forward, float32 cross-entropy, backward, step, zero_grad) on
+    seeded random tokens: each step's seconds, each loss, and the peak resident memory the steps add
+    (MB: the kernel's high-water mark, reset just before, over the resident set then)."""
     import torch
     from torch.nn import functional as F
 
-    torch.manual_seed(0)
-    model, forward = _ours(package, weights) if which == "ours" else _theirs(weights)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     generator = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, SHAPE["vocab_size"], (BATCH, SEQ_LEN + 1), generator=generator)
+    tokens = torch.randint(0, shape["vocab_size"], (batch, seq_len + 1), generator=generator)
     before = _rss_kb("VmRSS")
     with contextlib.suppress(OSError):  # the high-water mark back to the current set (Linux)
         Path("/proc/self/clear_refs").write_text("5")
@@ -127,10 +132,24 @@ def contender(which: str, package: str, weights: Path, warmup: int, steps: int) 
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
         times.append(time.perf_counter() - start)
+    return times, losses, (_rss_kb("VmHWM") - before) / 1024
+
+
+def contender(which: str, package: str, weights: Path, warmup: int, steps: int) -> dict:
+    """One contender's run, in this process: its step times, first loss and peak extra memory."""
+    import torch
+
+    torch.manual_seed(0)
+    model, forward = _ours(package, weights) if which == "ours" else _theirs(weights)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    times, losses, peak_extra_mb = timed_steps(
+        forward, optimizer, SHAPE, BATCH, SEQ_LEN, warmup, steps
+    )
     return {
         "step_s": statistics.median(times[warmup:]),
         "first_loss": losses[0],
-        "peak_extra_mb": (_rss_kb("VmHWM") - before) / 1024,
+        "peak_extra_mb": peak_extra_mb,
         "params": sum(p.numel() for p in model.parameters()),
     }
 
@@ -181,15 +200,22 @@ def main() -> int:
     figures["peak_memory_ratio"] = figures["ours_peak_extra_mb"] / figures["theirs_peak_extra_mb"]
     first = runs["ours"][0]["first_loss"], runs["theirs"][0]["first_loss"]
     figures["first_loss_gap"] = abs(first[0] - first[1]) / first[1]
+
+    print(json.dumps({f"hf_llama/{key}": value for key, value in figures.items()}))
+    return report(figures, runs, " ".join(sys.argv), args.json, first)
+
+
+def report(figures: dict, runs: dict, command: str, path: Path, first: tuple) -> int:
+    """Print the figures as name: value lines, write them with the runs to path; exit status 1 when
+    the contenders' first losses (first) differ by more than 1e-4: then they were not one model."""
     import torch
 
     result = {"figures": figures, "runs": runs, "torch": torch.__version__, "cpus": os.cpu_count()}
-    result["command"] = " ".join(sys.argv)
+    result["command"] = command
     for key, value in figures.items():
         print(f"{key}: {value:.4g}")
-    print(json.dumps({f"hf_llama/{key}": value for key, value in figures.items()}))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
     if figures["first_loss_gap"] > 1e-4:
         print(f"the first losses differ ({first}): not the same model", file=sys.stderr)
         return 1

@@ -69,20 +69,19 @@ def written_as(cls):
 sections = []
 for section in dataclasses.fields(config.config_class(spec)):
     cls = section.default_factory
-    docs, names = config.field_docs(cls), written_as(cls)
     sections.append({
         "name": section.name,
         "class": cls.__name__,
         "shared": cls.__module__ == config.__name__,
-        "fields": [
+        "fields": [  # a group of keys (model.lora) leaf by leaf: lora.r, lora.alpha, ...
             {
-                "name": field.name,
+                "name": name,
                 "type": field.type if isinstance(field.type, str) else field.type.__name__,
                 "default": default(field),
-                "doc": " ".join(docs.get(field.name, "").split()),
-                "written_as": names.get(field.name),
+                "doc": " ".join(config.field_docs(owner).get(field.name, "").split()),
+                "written_as": written_as(owner).get(field.name),
             }
-            for field in dataclasses.fields(cls)
+            for name, field, owner in config.leaves(cls)
         ],
     })
 report = {
@@ -264,8 +263,10 @@ def escape(text: str) -> str:
 
 def task_default(report: dict, key: str) -> tuple[bool, object]:
     """(True, value) when the task's SPEC.defaults set `key`, else (False, None)."""
-    section, name = key.split(".")
-    found = report["task_defaults"].get(section, {})
+    *groups, name = key.split(".")  # a group's key (model.lora.r) is looked up group by group
+    found = report["task_defaults"]
+    for group in groups:
+        found = found.get(group, {})
     return (name in found, found.get(name))
 
 
@@ -276,7 +277,7 @@ def table(section: dict, report: dict, level: str, default_cell) -> str:
     rows = []
     for field in section["fields"]:
         key = f"{name}.{field['name']}"
-        allowed = ", ".join(f"`{choice}`" for choice in report["choices"].get(key, ()))
+        allowed = ", ".join(f"`{literal(choice)}`" for choice in report["choices"].get(key, ()))
         if key in at_least_one:
             allowed = "at least 1"
         cells = (

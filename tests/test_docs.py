@@ -44,7 +44,7 @@ def public(cls):
 facts = {
     "package": package,
     "sections": {
-        section.name: [field.name for field in dataclasses.fields(section.default_factory)]
+        section.name: [name for name, _, _ in config.leaves(section.default_factory)]
         for section in dataclasses.fields(Config)
     },
     "shared": [
@@ -402,7 +402,8 @@ def test_configuration_reference_shows_allowed_values(baked, reference):
         assert "data.name" in choices and "run.device" in choices, task
         for key, allowed in choices.items():
             allowed_cell = _cells(_table_row(_reference(reference, task), key))[3]
-            assert allowed_cell == ", ".join(f"`{value}`" for value in allowed), (task, key)
+            shown = ["null" if value is None else value for value in allowed]
+            assert allowed_cell == ", ".join(f"`{value}`" for value in shown), (task, key)
 
 
 def test_configuration_reference_shows_each_tasks_own_defaults_of_shared_keys(
@@ -476,13 +477,14 @@ FILE_SUFFIXES = {"json", "jsonl", "lock", "md", "pt", "py", "safetensors", "yaml
 def test_docs_cite_only_real_config_keys(baked):
     """Every `section.key` a docs page puts in code is a key of some task's configuration."""
     known = _all_config_keys(baked)
+    known |= {key.rsplit(".", 1)[0] for key in known if key.count(".") > 1}  # groups: model.lora
     sections = "|".join(baked[DEFAULT_TASK]["sections"])
-    pattern = re.compile(rf"(?<![\w/.-])((?:{sections})\.([a-z_]+))(?![\w(])")
+    pattern = re.compile(rf"(?<![\w/.-])((?:{sections})\.([a-z_]+(?:\.[a-z_]+)?))(?![\w(])")
     cited = {}
     for page in sorted(DOCS.glob("*.md")):
         for span in _code_spans(page.read_text(encoding="utf-8")):
             for key, leaf in pattern.findall(span):
-                if leaf not in FILE_SUFFIXES:
+                if leaf.split(".")[0] not in FILE_SUFFIXES:
                     cited.setdefault(key, page.name)
     assert {"data.batch_size", "data.seq_len", "trainer.val_every"} <= set(cited)
     example_keys, _ = _example_task_names()

@@ -50,7 +50,7 @@ def evaluate_checkpoint(cfg: Config, path: Path, state: dict) -> tuple[dict, boo
         val_loader = build_val_loader(cfg.data, val_set, rank=env.rank, world_size=env.world_size)
         try:
             model = task.build_model(env.device)
-            load_model_weights(model, state, path)
+            load_model_weights(model, state, path, task.frozen_weights())
             return task.validate(model, val_loader), env.is_main
         finally:
             shut_down_workers(val_loader)

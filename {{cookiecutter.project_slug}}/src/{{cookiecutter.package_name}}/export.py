@@ -62,11 +62,18 @@ def export_checkpoint(cfg: Config, path: Path, state: dict, fmt: str = DEFAULT) 
     if not task.use_model_files(beside(path)):  # what the run saved of its data (its input encoding), else the data
         task.datasets()  # the model's shape follows the data (its number of classes)
     model = task.build_model()
-    load_model_weights(model, state, path)
+    load_model_weights(model, state, path, task.frozen_weights())
     out = Path(cfg.run.output_dir) / "export"
     if fmt != DEFAULT:
         with writing(out / fmt):
             return task.export_as(fmt, model.eval(), out)
+    unusual = {type(t).__name__ for t in model.state_dict().values() if type(t) not in (torch.Tensor, nn.Parameter)}
+    if unusual:  # a quantized base (NF4): safetensors and torch.export take plain tensors
+        formats = ", ".join(task.EXPORT_FORMATS) or "none"
+        raise ConfigError(
+            f"export: this model holds {', '.join(sorted(unusual))} weights (a quantized base), which "
+            f"model.safetensors and model.pt2 cannot hold; use --format NAME, one of the task's: {formats}"
+        )
     kind = {"weights": "ema" if "ema" in state else "trained"}  # restore.py: the average unless --weights raw
     with writing(out / "model.safetensors"):
         save_weights(model.state_dict(), out / "model.safetensors", metadata=kind)

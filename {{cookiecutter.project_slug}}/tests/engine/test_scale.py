@@ -21,7 +21,7 @@ from tiny import BATCH_INDEPENDENT, VAL_COUNT
 BUILD_SHARDED = """
 import json, os, sys
 import torch
-from {{ cookiecutter.package_name }}.engine.parallel import distributed, meta_init as model_init
+from {{ cookiecutter.package_name }}.engine.parallel import distributed, meta_init as model_init, state_dicts
 from {{ cookiecutter.package_name }}.engine.config import load_config
 from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.task.task import Task
@@ -40,7 +40,7 @@ task = Task(cfg, env.device)
 task.datasets()
 model = distributed.build_model(task, env, cfg.distributed, cfg.trainer.precision)
 local = sum(p.to_local().numel() for p in model.parameters())
-weights = distributed.full_model_state(model)
+weights = state_dicts.full_model_state(model)
 if env.is_main:
     torch.save(weights, os.environ["WEIGHTS"])
 with open(os.environ["WEIGHTS"] + f".rank{env.rank}.json", "w") as f:

@@ -8,7 +8,8 @@ part takes the config sections it reads, not the whole config.
     loop, step, state   the outer training loop, one optimizer step, the checkpointable state
     loaders, optim, ema, metrics, trackers, profiler, provenance, rundir, preemption, launcher
     torch_private       the few private PyTorch names used, each with a test
-    parallel/           process groups, DDP/FSDP2/HSDP wrapping, meta-device init, activation checkpointing
+    parallel/           process groups, DDP/FSDP2/HSDP wrapping, meta-device init, activation checkpointing,
+                        the state dicts checkpoints hold
     ckpt/               atomic files, full and sharded checkpoints, restoring a trained model
     sweep/              Optuna searches, each trial a training run (python -m PACKAGE.sweep)
 """

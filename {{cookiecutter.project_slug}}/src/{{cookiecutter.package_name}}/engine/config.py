@@ -283,35 +283,40 @@ def _explain(err: OmegaConfBaseException, spec: TaskSpec) -> str:
 SECTIONS = tuple(f.name for f in dataclasses.fields(Config))
 
 
+def leaves(cls: type, prefix: str = "") -> list[tuple[str, dataclasses.Field, type]]:
+    """(dotted key, field, the dataclass declaring it) of every leaf under a config dataclass: a field
+    whose default is itself a dataclass (model.lora) is a group of keys, listed leaf by leaf."""
+    found = []
+    for leaf in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(leaf.default_factory):
+            found += leaves(leaf.default_factory, f"{prefix}{leaf.name}.")
+        else:
+            found.append((f"{prefix}{leaf.name}", leaf, cls))
+    return found
+
+
 def all_keys(spec: TaskSpec) -> list[str]:
-    """Every dotted key of the task's config, e.g. data.batch_size."""
-    return [
-        f"{section.name}.{leaf.name}"
-        for section in dataclasses.fields(config_class(spec))
-        for leaf in dataclasses.fields(section.default_factory)
-    ]
+    """Every dotted key of the task's config, e.g. data.batch_size, model.lora.r."""
+    return [key for key, _, _ in leaves(config_class(spec))]
 
 
 def _field_type(key: str, spec: TaskSpec) -> str | None:
-    section, _, leaf = key.partition(".")
-    for sec in dataclasses.fields(config_class(spec)):
-        if sec.name == section:
-            for f in dataclasses.fields(sec.default_factory):
-                if f.name == leaf:
-                    return str(f.type)
-    return None
+    return next((str(leaf.type) for name, leaf, _ in leaves(config_class(spec)) if name == key), None)
 
 
 def _get(cfg: Config, key: str):
-    section, leaf = key.split(".")
-    return getattr(getattr(cfg, section), leaf)
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
 
 
 def validate(cfg: Config, spec: TaskSpec) -> None:
     """Refuse values that are not allowed and combinations that cannot work, naming the key."""
     for key, allowed in choices(spec).items():
         if _get(cfg, key) not in allowed:
-            raise ConfigError(f"{key}={_get(cfg, key)!r} is not allowed; choose one of {', '.join(map(str, allowed))}")
+            listed = ", ".join("null" if choice is None else str(choice) for choice in allowed)
+            raise ConfigError(f"{key}={_get(cfg, key)!r} is not allowed; choose one of {listed}")
     for key in at_least_one(spec):
         if _get(cfg, key) < 1:
             raise ConfigError(f"{key}={_get(cfg, key)} must be at least 1")
@@ -401,6 +406,7 @@ def to_dict(cfg: Config) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg))
 
 
+@functools.cache  # read from the source once per class (--help asks per key)
 def field_docs(cls) -> dict[str, str]:
     """The docstring written under each field of a config dataclass (a subclass's wins over its base's)."""
     docs = {}
@@ -423,11 +429,8 @@ def help_text(spec: TaskSpec, program: str) -> str:
         "Keys (default) and meaning:",
     ]
     defaults = OmegaConf.to_object(_defaults(spec))
-    for section in dataclasses.fields(config_class(spec)):
-        docs = field_docs(section.default_factory)
-        for leaf in dataclasses.fields(section.default_factory):
-            key = f"{section.name}.{leaf.name}"
-            lines.append(f"  {key} ({_get(defaults, key)!r})\n      {docs.get(leaf.name, '')}")
+    for key, leaf, owner in leaves(config_class(spec)):
+        lines.append(f"  {key} ({_get(defaults, key)!r})\n      {field_docs(owner).get(leaf.name, '')}")
     return "\n".join(lines)
 
 

@@ -26,15 +26,16 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .parallel import distributed
+from .parallel import distributed, state_dicts
 from .torch_private import unwrap
 
 
 def averaged_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
-    """What is averaged, by state-dict name (no module. / _orig_mod. prefix): every parameter and
-    every persistent floating-point buffer."""
+    """What is averaged, by state-dict name (no module. / _orig_mod. prefix): every parameter (but a
+    frozen base the task rebuilds: state_dicts.rebuilds_frozen) and every persistent floating-point
+    buffer."""
     inner = unwrap(model)
-    tensors = dict(inner.named_parameters())
+    tensors = state_dicts.saved(inner, dict(inner.named_parameters()))
     persistent = inner.state_dict(keep_vars=True).keys()  # a non-persistent buffer is not in the state dict
     for name, buffer in inner.named_buffers():
         if buffer.is_floating_point() and name in persistent:

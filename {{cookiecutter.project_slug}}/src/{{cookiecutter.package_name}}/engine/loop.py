@@ -36,7 +36,7 @@ from .errors import OutOfMemory, Preempted
 from .loaders import DeviceTrainLoader, build_loaders, shut_down_workers
 from .metrics import MetricsLogger, PerfMeter
 from .optim import build_optimizer, check_finite, warmup_cosine
-from .parallel import distributed
+from .parallel import distributed, state_dicts
 from .preemption import StopRequest
 from .profiler import StepProfiler
 from .rundir import claim_output_dir, save_best, save_best_sharded, start_in_output_dir
@@ -242,6 +242,7 @@ class Run:
             if checkpoint_format(tcfg, cfg.distributed) == "sharded"
             else None,
             ema=WeightAverage(model, cfg.optim.ema_decay) if cfg.optim.ema_decay else None,
+            frozen=task.frozen_weights(),
         )
 
         found = resume_state(tcfg.resume, output_dir / "checkpoints", env.is_main)
@@ -328,7 +329,7 @@ class Run:
             if holds_shards(self.model):  # never the whole model on one process
                 save_best_sharded(self.model, *best, kind)
             else:
-                distributed.on_main(save_best, distributed.full_model_state(self.model), *best, kind)
+                distributed.on_main(save_best, state_dicts.full_model_state(self.model), *best, kind)
 
     def save(self, wait: bool) -> None:
         """A checkpoint of this step (wait: until it is written, for a save that ends the run)."""

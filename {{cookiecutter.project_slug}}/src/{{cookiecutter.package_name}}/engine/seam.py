@@ -159,6 +159,14 @@ class Task(abc.ABC):
         """Both sets on the training device (data.loader=device), each with .batch(epoch, indices)."""
         raise ConfigError("data.loader=device: this task's data does not go on the device; use data.loader=workers")
 
+    def frozen_weights(self) -> dict | None:
+        """After build_model: what identifies its frozen parameters (adapters over a frozen base), or None (the
+        default) when every parameter trains. A dict {"config": {dotted key: value} that rebuilds them,
+        "sha256": a hash of their values}. Checkpoints and best.safetensors then hold the trainable tensors
+        only, with this entry: a resume, evaluate or export builds the base again from those keys (unless the
+        command line names others) and refuses one whose hash differs."""
+        return None
+
     def summary(self, metrics: dict) -> str:
         """The log line after a validation."""
         return " ".join(f"{key} {value:.4f}" for key, value in metrics.items() if isinstance(value, float))

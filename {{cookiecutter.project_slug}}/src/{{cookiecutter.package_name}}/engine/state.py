@@ -16,14 +16,14 @@ import torch
 from torch import nn
 
 from .ckpt.checkpoint import rng_state, save_checkpoint, set_rng_state
-from .ckpt.restore import mismatch
+from .ckpt.restore import check_frozen, mismatch
 from .ckpt.sharded import ShardedSaver, ShardedWeights, load_training_state, sharded_state
 from .config import Config, DistributedConfig, TrainerConfig, to_dict, with_stored_defaults
 from .ema import WeightAverage
 from .errors import CheckpointError, OutputError, why_not_written
 from .metrics import SampleMean
 from .optim import REMEDIES, Diverged, apply_optim_config, check_finite, refresh_learning_rate
-from .parallel import distributed
+from .parallel import distributed, state_dicts
 from .rundir import check_resume_changes, config_changes
 
 if TYPE_CHECKING:
@@ -92,6 +92,7 @@ class TrainState:
     nonfinite: list[torch.Tensor] = field(default_factory=list)
     saver: ShardedSaver | None = None  # trainer.checkpoint_format=sharded: writes checkpoints/step_N/
     ema: WeightAverage | None = None  # optim.ema_decay > 0: the weights' moving average
+    frozen: dict | None = None  # what rebuilds the frozen parameters, which checkpoints leave out (Task.frozen_weights)
 
     def check_updates(self) -> None:
         """At log and save time only (a host sync): stop if any update was non-finite (fp16: count it)."""
@@ -114,8 +115,8 @@ class TrainState:
         but the model and optimizer (what a sharded checkpoint keeps beside its shards).
         """
         if tensors:
-            weights = distributed.full_model_state(self.model)
-            optim_state = distributed.full_optimizer_state(self.model, self.optimizer)
+            weights = state_dicts.full_model_state(self.model)
+            optim_state = state_dicts.full_optimizer_state(self.model, self.optimizer)
             average = self.ema.full_state_dict() if self.ema else None
         mine = {
             "rng": rng_state(),
@@ -133,6 +134,8 @@ class TrainState:
             "ranks": per_rank,
             "config": config,
         }
+        if self.frozen is not None:  # the checkpoint holds what trains only: name the base it trained over
+            state["frozen"] = self.frozen
         if not tensors:  # the shards hold the tensors; this says whether they include the average
             return {**state, "ema": True} if self.ema else state
         state.update(model=weights, optimizer=optim_state)
@@ -152,7 +155,7 @@ class TrainState:
                 extra = {"ema": self.ema.state_dict()} if average is not None else None
                 load_training_state(self.model, self.optimizer, state["model"].path, extra)
             else:
-                distributed.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
+                state_dicts.load_full_state(self.model, self.optimizer, state["model"], state["optimizer"])
                 if average is not None:
                     self.ema.load_full_state_dict(average)
             self.scheduler.load_state_dict(state["scheduler"])
@@ -243,6 +246,7 @@ class TrainState:
         stored_progress = Progress()
         stored_progress.load_state_dict(state["progress"])
         check_resumable(stored_progress, global_batch, path)  # before anything is loaded
+        check_frozen(state.get("frozen"), self.frozen, path)  # adapters resume over the base they trained on
         self.load_state_dict(state, path, env.rank, env.world_size)
         if changed:
             log.info("resuming with changed %s", ", ".join(changed))

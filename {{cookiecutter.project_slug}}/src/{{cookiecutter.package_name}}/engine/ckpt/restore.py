@@ -22,6 +22,7 @@ from torch import nn
 from ..config import Config, load_config, parse_args, with_stored_defaults
 from ..ema import load_average_into
 from ..errors import CheckpointError, ConfigError
+from ..parallel import state_dicts
 from .checkpoint import latest_checkpoint, load_checkpoint
 from .names import strip_prefixes
 from .sharded import ShardedWeights, load_weights_into
@@ -55,7 +56,10 @@ def restore_trained(spec: TaskSpec, argv: list[str], program: str) -> tuple[Conf
                 "or pass --checkpoint PATH"
             )
         path, state = found
-    cfg = load_config(spec, files, overrides, base=model_and_task(state, path, spec))
+    base = model_and_task(state, path, spec)
+    for section, values in frozen_config(state, path).items():
+        base.setdefault(section, {}).update(values)
+    cfg = load_config(spec, files, overrides, base=base)
     if checkpoint_arg and not _output_dir_given(files, overrides):
         cfg.run.output_dir = str(beside(path))  # set here, not as an override: a path is never parsed
     if weights == "raw":
@@ -99,10 +103,14 @@ def model_and_task(state: dict, path: Path, spec: TaskSpec) -> dict:
     stored = with_stored_defaults(stored, spec.stored_defaults) if isinstance(stored, dict) else {}
     taken: dict = {}
     for section, keys in spec.from_checkpoint.items():
-        values = stored.get(section) if isinstance(stored.get(section), dict) else {}
-        for key in keys:
-            if key in values:
-                taken.setdefault(section, {})[key] = _plain(values[key], f"{section}.{key}", path)
+        for key in keys:  # a key of a group is dotted within its section (lora.r)
+            *groups, leaf = (section, *key.split("."))
+            values, into = stored, taken
+            for group in groups:
+                values = values.get(group) if isinstance(values.get(group), dict) else {}
+                into = into.setdefault(group, {})
+            if leaf in values:
+                into[leaf] = _plain(values[leaf], f"{section}.{key}", path)
     return taken
 
 
@@ -114,6 +122,8 @@ def _plain(value, key: str, path: Path):
     """
     if isinstance(value, str) and "${" in value:
         raise CheckpointError(f"{path}: stored {key}={value!r} is an interpolation, which is never resolved")
+    if isinstance(value, list):  # a list of plain values (model.lora.targets)
+        return [_plain(item, key, path) for item in value]
     if value is not None and not isinstance(value, str | int | float | bool):
         raise CheckpointError(f"{path}: stored {key}={value!r} is not a number, flag or string")
     return value
@@ -140,11 +150,14 @@ def trained_step(state: dict) -> int | None:
     return progress.get("step") if isinstance(progress, dict) else None
 
 
-def load_model_weights(model: nn.Module, state: dict, source: Path) -> None:
+def load_model_weights(model: nn.Module, state: dict, source: Path, frozen: dict | None = None) -> None:
     """Load a checkpoint's weights, saved by any wrapper (DDP, compile), into a plain model, and over
     them its weight average when it holds one (see restore_trained's --weights; integer buffers stay
     the model's). A sharded checkpoint's tensors are read from its shards, without the optimizer state.
-    A mismatch names the file."""
+    A checkpoint of adapters holds no frozen base: frozen (Task.frozen_weights) must name the base it
+    was trained over. A mismatch names the file."""
+    check_frozen(state.get("frozen"), frozen, source)
+    state_dicts.rebuilds_frozen(model, frozen is not None)
     for key in ("model", "ema") if "ema" in state else ("model",):
         weights = state[key]
         try:
@@ -153,9 +166,43 @@ def load_model_weights(model: nn.Module, state: dict, source: Path) -> None:
             elif key == "ema":
                 load_average_into(model, weights)
             else:
-                model.load_state_dict(strip_prefixes(weights))
+                weights = strip_prefixes(weights)
+                state_dicts.check_names(set(state_dicts.saved(model, model.state_dict())), set(weights))
+                model.load_state_dict(weights, strict=frozen is None)
         except (RuntimeError, KeyError) as err:
             raise CheckpointError(f"{source}: does not fit the configured model ({mismatch(err)})") from None
+
+
+def check_frozen(stored: dict | None, now: dict | None, path: Path) -> None:
+    """Refuse a checkpoint whose trainable tensors were trained over other frozen weights than the ones
+    built now (each a Task.frozen_weights(): what rebuilds them and the SHA-256 of their values)."""
+    if stored is None and now is None:
+        return
+    if stored is None or now is None:
+        which = "holds adapters only" if stored is not None else "holds every weight"
+        raise CheckpointError(f"{path} {which}; the model configured now does not fit it (check model.lora)")
+    if stored.get("sha256") != now.get("sha256"):
+        raise CheckpointError(
+            f"{path} was trained over {describe_frozen(stored)}, but the frozen weights now are "
+            f"{describe_frozen(now)}; name the same base (its folder may have moved)"
+        )
+
+
+def describe_frozen(frozen: dict) -> str:
+    """'model.init_from='...' (sha256 0123456789ab)'."""
+    where = ", ".join(f"{key}={value!r}" for key, value in (frozen.get("config") or {}).items())
+    return f"{where} (sha256 {str(frozen.get('sha256'))[:12]})"
+
+
+def frozen_config(state: dict, path: Path) -> dict:
+    """The keys that rebuild a checkpoint's frozen weights (its "frozen" entry), as {section: {key: value}}:
+    an adapter checkpoint is useless without its base, so evaluate, export and generate take them from it
+    unless the command line names them (check_frozen compares the hashes then)."""
+    taken: dict = {}
+    for key, value in ((state.get("frozen") or {}).get("config") or {}).items():
+        section, _, leaf = key.partition(".")
+        taken.setdefault(section, {})[leaf] = _plain(value, key, path)
+    return taken
 
 
 def mismatch(err: Exception) -> str:

@@ -41,7 +41,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ..errors import CheckpointError, OutputError, why_not_written
-from ..parallel import distributed
+from ..parallel import distributed, state_dicts
 from ..torch_private import UnsynchronizedStager, uncompiled
 from .files import atomic_write, fsync_dir, writing
 
@@ -353,8 +353,8 @@ def load_weights_into(model: nn.Module, path: Path, key: str = "model") -> None:
 
     from ..ema import averaged_tensors
 
-    if key == "model":
-        weights = model.state_dict()
+    if key == "model":  # what the checkpoint holds (no frozen base the task rebuilds: state_dicts.saved)
+        weights = state_dicts.saved(model, model.state_dict())
     else:  # the average is read in place: parameters and floating-point buffers (integer ones are the model's)
         weights = {name: tensor.detach() for name, tensor in averaged_tensors(model).items()}
     try:
@@ -362,7 +362,7 @@ def load_weights_into(model: nn.Module, path: Path, key: str = "model") -> None:
     except (Exception, CheckpointException) as err:
         raise _read_error(path, root_cause(err)) from None
     if key == "model":
-        model.load_state_dict(weights)
+        model.load_state_dict(weights, strict=not state_dicts.rebuilds_frozen(model))
 
 
 # safetensors' names of the dtypes a model's state may hold.
@@ -389,7 +389,7 @@ def write_weights_gathered(model: nn.Module, path: Path, metadata: dict[str, str
 
     from .names import strip_prefixes
 
-    tensors = strip_prefixes(uncompiled(model).state_dict())
+    tensors = strip_prefixes(state_dicts.saved(model, uncompiled(model).state_dict()))
 
     def gather(tmp: Path | None) -> None:
         """Every rank gathers each tensor in turn (collectives); the main process writes them to tmp.
@@ -447,9 +447,10 @@ def _safetensors_header(tensors: dict[str, torch.Tensor], metadata: dict[str, st
 def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """This process's part of the model and optimizer state (FSDP: its shards), keyed by parameter
     name, with no copy and no gather."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-    weights, optim_state = get_state_dict(uncompiled(model), optimizer)
+    options = StateDictOptions(ignore_frozen_params=state_dicts.rebuilds_frozen(model))  # a base the task rebuilds
+    weights, optim_state = get_state_dict(uncompiled(model), optimizer, options=options)
     return {"model": weights, "optimizer": optim_state}
 
 
@@ -460,7 +461,7 @@ def load_training_state(
     a checkpoint written by N processes loads on M, under FSDP, DDP or one process. extra: more
     entries the checkpoint holds (the weight average), read in place into the tensors given."""
     from torch.distributed.checkpoint import load
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     state = sharded_state(model, optimizer)  # the optimizer's state is created (zeros) to be filled
     state.update(extra or {})
@@ -469,4 +470,9 @@ def load_training_state(
     except (Exception, CheckpointException) as err:
         raise _read_error(path, root_cause(err)) from None
     inner = uncompiled(model)
-    set_state_dict(inner, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    # A frozen base the task rebuilds is not in the state (the load above found every key the state has).
+    leave_out = state_dicts.rebuilds_frozen(model)
+    options = StateDictOptions(ignore_frozen_params=leave_out, strict=not leave_out)
+    set_state_dict(
+        inner, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=options
+    )

@@ -32,6 +32,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..config import ConfigError, DistributedConfig, RunConfig
 from ..torch_private import forget_mesh_groups, uncompiled
 from . import recompute
+from .state_dicts import rebuilds_frozen
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -249,8 +250,11 @@ def build_model(
         shard = functools.partial(
             shard_model, env=env, precision=precision, replicate=replicate, recompute_activations=recompute_activations
         )
-        return task.build_model(env.device, shard)
+        model = task.build_model(env.device, shard)
+        rebuilds_frozen(model, task.frozen_weights() is not None)
+        return model
     model = task.build_model(env.device)
+    rebuilds_frozen(model, task.frozen_weights() is not None)
     if recompute_activations:
         recompute.enable(model)
     return wrap_model(model, dcfg, env)
@@ -356,44 +360,6 @@ def broadcast_buffers(model: nn.Module, ddp: bool = False) -> None:
             return
         for b, value in zip(buffers, flat.split([b.numel() for b in buffers]), strict=True):
             b.copy_(value.view_as(b))
-
-
-# torch.distributed.checkpoint's state-dict API is imported where it is used (about 0.1 s): a run
-# pays it at its first checkpoint rather than before its first step.
-
-
-def full_model_state(model: nn.Module) -> dict:
-    """Unsharded weights keyed by parameter name, on rank 0's CPU (empty on other ranks).
-
-    Every rank must call it (FSDP gathers the shards). The result is the same for one process,
-    DDP or FSDP, so a checkpoint written by N processes resumes on M.
-    """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_model_state_dict(uncompiled(model), options=options)
-
-
-def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """Unsharded optimizer state keyed by parameter name, like full_model_state()."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    return get_optimizer_state_dict(uncompiled(model), optimizer, options=options)
-
-
-def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict, optim_state: dict) -> None:
-    """Load what full_state() returned into this process's (possibly sharded) model and optimizer."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
-    model = uncompiled(model)
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(model, weights, options=options)  # note: both calls rewrite the dicts they get
-    set_optimizer_state_dict(model, optimizer, optim_state, options=options)
 
 
 def all_gather_object(obj) -> list:

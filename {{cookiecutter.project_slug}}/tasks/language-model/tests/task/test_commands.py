@@ -219,6 +219,7 @@ def test_single_gpu_smoke(tiny, run_dir, precision):
 FLAT_LAYOUT_CHECKPOINT = Path(__file__).parent / "fixtures" / "flat_layout_step_3.checkpoint"
 
 
+@pytest.mark.slow  # the fast tier holds its 90 s (make test-all runs it)
 def test_a_checkpoint_of_the_flat_layout_resumes_exactly(tiny, tmp_path, final_weights):
     """A checkpoint written before the task/ and engine/ folders loads the weights it holds, and the
     run resumed from it ends with the same weights as one resumed from that state saved today.

@@ -75,6 +75,7 @@ def test_init_from_gives_the_logits_of_transformers(tmp_path, layout):
         torch.testing.assert_close(model(tokens), theirs(tokens).logits, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow  # the fast tier holds its 90 s (make test-all runs it)
 def test_export_hf_loads_back_into_transformers(tmp_path):
     """`export --format hf` of a fine-tuned run and of a new model without biases (zeros are written
     for GPT-2's): AutoModelForCausalLM loads each, with the logits of our model from the checkpoint."""

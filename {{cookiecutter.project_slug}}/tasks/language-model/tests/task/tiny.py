@@ -37,6 +37,9 @@ BAD_CONFIGS = [
     (["data.vocab_size=100"], "data.vocab_size=100 must be between 2 and 62"),
     (["data.order=6"], "too many to tabulate"),
     (["model.dropout=1.0"], "model.dropout=1.0 must be at least 0 and below 1"),
+    (["model.lora.r=4"], "model.lora.r=4 trains adapters over the frozen weights of model.init_from, which is not set"),
+    (["model.lora.dora=true"], "model.lora.dora is set, but model.lora.r=0"),
+    (["model.quantize=nf4"], "model.quantize=nf4 stores the frozen base in 4 bits for adapters to train over"),
 ]
 # Settings under which N processes x batch b train like 1 process x batch N x b (nothing in the
 # transformer depends on the per-process batch).

@@ -5,7 +5,7 @@ validation metrics, what a resume may change and what a checkpoint restores.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..engine.errors import ConfigError
@@ -45,6 +45,26 @@ class DataConfig(DataBase):
     """synthetic: tokens of the training split."""
     val_tokens: int = 65_536
     """synthetic: tokens of the validation split (documents the training split never sees)."""
+
+
+@dataclass
+class LoraConfig:
+    r: int = 0
+    """Rank of the low-rank adapters (LoRA) on the blocks' linear layers: 0 (off) trains every weight; 8 to 64
+    are usual. The weights of model.init_from stay frozen and only the adapters train: y = W x + s B A dropout(x),
+    with s = alpha / r. Checkpoints hold the adapters and their optimizer state; export --format peft writes a
+    PEFT adapter, --format hf the merged model."""
+    alpha: float = 16.0
+    """The adapters' scale numerator: s = alpha / r (alpha / sqrt(r) with model.lora.rslora)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input only (the frozen layer sees its input whole)."""
+    targets: list[str] | None = None
+    """The layers adapted, as Hugging Face names them: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj,
+    down_proj (llama) or c_attn, c_proj, c_fc (gpt2). null: all of them (never the embedding or the head)."""
+    rslora: bool = False
+    """Rank-stabilised LoRA: s = alpha / sqrt(r), so a higher rank does not shrink the update."""
+    dora: bool = False
+    """DoRA: each output row's magnitude learned apart from its direction (starting at the base's row norms)."""
 
 
 @dataclass
@@ -103,6 +123,10 @@ class ModelConfig(ModelBase):
     (model.arch among them) and training begins from its weights. The data must be prepared with its tokenizer
     (prepare --tokenizer FOLDER/tokenizer.json), whose tokenizer_config.json and chat template travel with the
     run."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    quantize: str | None = None
+    """nf4 (QLoRA): the frozen linear weights of the blocks stored in 4 bits (torchao's NF4, on CPU and GPU),
+    computed in the activations' dtype, with adapters (model.lora.r > 0) training over them; null: as loaded."""
 
 
 ARCHS = ("llama", "gpt2")
@@ -154,6 +178,7 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"model.{given[0]} is a key of model.arch=llama; this model is gpt2")
     ModelShape.of(model, vocab_size=1, seq_len=data.seq_len)
     model.arch = arch_of(model)  # stored resolved: the run's config names its family
+    check_lora(model)
     if data.name == "synthetic":
         if not 2 <= data.vocab_size <= MAX_VOCAB_SYNTHETIC:
             raise ConfigError(f"data.vocab_size={data.vocab_size} must be between 2 and {MAX_VOCAB_SYNTHETIC}")
@@ -165,6 +190,41 @@ def validate(cfg: Config) -> None:
         for key in ("concentration", "context_concentration"):
             if not getattr(data, key) > 0:
                 raise ConfigError(f"data.{key}={getattr(data, key)} must be above 0")
+
+
+def check_lora(model: ModelConfig) -> None:
+    """model.lora's keys: a rank of 0 (off) with nothing else set, or adapters over model.init_from."""
+    from .model.lora import TARGETS
+
+    lora, defaults = model.lora, LoraConfig()
+    if model.quantize is not None and not lora.r:
+        raise ConfigError(
+            f"model.quantize={model.quantize} stores the frozen base in 4 bits for adapters to train over: set "
+            "model.lora.r, e.g. 16 (a quantized model cannot itself be trained)"
+        )
+    if lora.r < 0:
+        raise ConfigError(f"model.lora.r={lora.r} must be 0 (off) or a positive rank, e.g. 16")
+    if not lora.r:
+        changed = [key for key in ("dora", "rslora", "targets") if getattr(lora, key) != getattr(defaults, key)]
+        if changed:
+            raise ConfigError(f"model.lora.{changed[0]} is set, but model.lora.r=0 (adapters off); set a rank, e.g. 16")
+        return
+    if not model.init_from:
+        raise ConfigError(
+            f"model.lora.r={lora.r} trains adapters over the frozen weights of model.init_from, which is not set: "
+            "name a Hugging Face folder (adapters over a random frozen model learn little)"
+        )
+    if not 0.0 <= lora.dropout < 1.0:
+        raise ConfigError(f"model.lora.dropout={lora.dropout} must be at least 0 and below 1")
+    if not 0 < lora.alpha < float("inf"):
+        raise ConfigError(f"model.lora.alpha={lora.alpha} must be a positive number")
+    known = TARGETS[model.arch]
+    unknown = [name for name in lora.targets or () if name not in known]
+    if unknown or lora.targets == []:
+        what = f"{unknown[0]!r} matches no layer" if unknown else "names no layer"
+        raise ConfigError(
+            f"model.lora.targets: {what} of model.arch={model.arch}; choose among {', '.join(known)} (null: all)"
+        )
 
 
 def take_shape_from_folder(model: ModelConfig) -> None:
@@ -188,7 +248,7 @@ SPEC = TaskSpec(
     metrics={"val/loss": "min", "val/ppl": "min", "val/bpb": "min"},
     monitor="val/loss",
     validate=validate,
-    choices={"data.name": ("synthetic", "text"), "model.preset": PRESET_NAMES},
+    choices={"data.name": ("synthetic", "text"), "model.preset": PRESET_NAMES, "model.quantize": (None, "nf4")},
     at_least_one=("data.seq_len", "data.order", "data.train_tokens", "data.val_tokens"),
     # A run is measured in optimizer steps, with validations between them, rather than in epochs
     # of a fixed data set.
@@ -211,6 +271,8 @@ SPEC = TaskSpec(
             "tie_embeddings",
             "vocab_size",
             *LLAMA_KEYS,
+            *(f"lora.{key}" for key in ("r", "alpha", "dropout", "targets", "rslora", "dora")),
+            "quantize",
         ),
         "data": (
             "name",

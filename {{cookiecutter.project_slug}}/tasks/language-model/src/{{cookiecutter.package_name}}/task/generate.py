@@ -190,7 +190,7 @@ def _sampler(rest: list[str], options: argparse.Namespace):
         task.datasets()
     tokenizer = task.data.tokenizer
     model = task.build_model()
-    load_model_weights(model, state, path)
+    load_model_weights(model, state, path, task.frozen_weights())
     model.to(device)
     generator = torch.Generator(device).manual_seed(options.seed)
 

@@ -24,7 +24,7 @@ from ..engine.errors import ConfigError, DataError
 from ..engine.parallel import meta_init
 from .chat import CHATML, ChatTemplate
 from .data import IGNORE, DeviceWindows, Packs, TokenData, build_datasets
-from .model import INIT_TYPES, ModelShape, architecture, hf, init_module, lm_loss
+from .model import INIT_TYPES, ModelShape, architecture, hf, init_module, lm_loss, lora
 from .tokenizer import FOLDER, HFTokenizer, describe, identity, read_identity, read_tokenizer, tokenizer_files
 from .validation import evaluate_model
 
@@ -40,6 +40,7 @@ class Task(seam.Task):
         super().__init__(cfg, device)
         self.data: TokenData | None = None
         self.source_config: bytes | None = None  # config.json of the folder a fine-tune started from
+        self.frozen: dict | None = None  # with adapters: what the frozen base is (frozen_weights)
 
     def datasets(self) -> tuple[Dataset, Dataset]:
         """The training windows (by (epoch, index) keys) and the validation windows."""
@@ -118,9 +119,27 @@ class Task(seam.Task):
         (with model.init_from, each process copies in its shards of the folder's tensors)."""
         shape = ModelShape.of(self.cfg.model, self._vocabulary(), self.cfg.data.seq_len)
         weights = self._pretrained() if self.cfg.model.init_from else None  # read (and checked) first
+        adapters = self.cfg.model.lora
+        if self.cfg.model.quantize and shard is not None:
+            raise ConfigError(
+                f"model.quantize={self.cfg.model.quantize} with distributed.strategy=fsdp: the NF4 weights are made "
+                "whole, after loading, and are not sharded; train on one process or with distributed.strategy=ddp"
+            )
+        if adapters.r:  # the base is frozen and not checkpointed: what rebuilds it, and its hash
+            self.frozen = {
+                "config": {"model.init_from": self.cfg.model.init_from},
+                "sha256": lora.weights_hash(weights),
+            }
+
+        def build() -> nn.Module:
+            model = architecture(shape)
+            if adapters.r:
+                lora.add_adapters(model, shape.arch, adapters)  # before sharding: each block with its adapters
+            return model
+
         model, _ = meta_init.build(
-            lambda: architecture(shape),
-            partial(init_module, n_layer=shape.n_layer),
+            build,
+            partial(lora.init_module if adapters.r else init_module, n_layer=shape.n_layer),
             INIT_TYPES,
             device or torch.device("cpu"),
             self.cfg.run.seed,
@@ -128,7 +147,24 @@ class Task(seam.Task):
         )
         if weights is not None:
             hf.load_into(model, weights, self.cfg.model.init_from)
+        if adapters.r:
+            lora.set_magnitudes(model, weights)  # DoRA: from the base's row norms
+            if self.cfg.model.quantize:
+                before, after = lora.quantize_base(model, shape.arch)
+                log.info("model.quantize=nf4: the blocks' linear weights take %.2f MiB instead of %.2f MiB",
+                         after / 2**20, before / 2**20)  # fmt: skip
+            trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            total = sum(p.numel() for p in model.parameters())
+            log.info(
+                "LoRA r=%d on %s: %d trainable parameters of %d (%.2f%%)%s", adapters.r,
+                ", ".join(adapters.targets or lora.TARGETS[shape.arch]), trainable, total, 100 * trainable / total,
+                " with DoRA" if adapters.dora else "",
+            )  # fmt: skip
         return model
+
+    def frozen_weights(self) -> dict | None:
+        """With adapters (model.lora.r > 0): model.init_from and the SHA-256 of its weights."""
+        return self.frozen
 
     def _vocabulary(self) -> int:
         """Rows of the embedding: model.vocab_size (model.init_from's), else the tokenizer's."""
@@ -195,13 +231,19 @@ class Task(seam.Task):
         return {"perf/tokens_per_s": samples_per_s * self.cfg.data.seq_len}
 
     EXPORT_FORMATS = {
-        "hf": "a Hugging Face folder, GPT-2, Llama or Qwen2 (export/hf: transformers' from_pretrained loads it)"
+        "hf": "a Hugging Face folder, GPT-2, Llama or Qwen2 (export/hf: transformers' from_pretrained loads it; "
+        "with adapters, the merged model)",
+        "peft": "a PEFT adapter (export/peft: PeftModel.from_pretrained loads it over model.init_from)",
     }
 
     def export_as(self, fmt: str, model: nn.Module, folder: Path) -> Path:
         """export --format hf: config.json, model.safetensors and, for a tokenizer.json run, the
-        tokenizer's files, in folder/hf."""
+        tokenizer's files, in folder/hf (adapters merged into their layers); --format peft: the
+        adapters as peft writes them, in folder/peft."""
         out = Path(folder) / fmt
+        if fmt == "peft":
+            hf.write_peft(model, out, self.cfg.model.lora, str(self.cfg.model.init_from))
+            return out
         hf.write_folder(model, out, self.data.tokenizer, self.data.tokenizer.eot, self.source_config)
         return out
 

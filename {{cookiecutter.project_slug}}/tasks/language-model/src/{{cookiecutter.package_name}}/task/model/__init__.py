@@ -6,8 +6,9 @@ lives where:
     gpt2        GPT-2's family
     blocks      what both share: attention (grouped-query, key/value cache), rotary embeddings, init
     hf          Hugging Face folders in (model.init_from) and out (export --format hf)
+    lora        low-rank adapters over a frozen base (model.lora): LoRA, rsLoRA, DoRA
 
-The names the task uses are imported from here (task.model); hf is task.model.hf.
+The names the task uses are imported from here (task.model); hf and lora are task.model.hf and .lora.
 """
 
 from .blocks import init_module

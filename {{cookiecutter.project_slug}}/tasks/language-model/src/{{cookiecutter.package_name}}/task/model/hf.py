@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ...engine.errors import ConfigError, DataError
+from .lora import TARGETS, adapted, adapter_state, is_adapter, merged_state
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 WEIGHT_FILES += ("pytorch_model.bin.index.json",)
@@ -238,7 +239,14 @@ def hf_state(model: nn.Module) -> dict[str, torch.Tensor]:
     """The model's weights by Hugging Face's names (float32). gpt2: Linear weights transposed to
     Conv1D's (in, out), zero biases where the model has none (model.bias=false: GPT-2 always has
     them); llama: "model." before all but lm_head, which a tied model does not write."""
-    params = {name: tensor.detach().float().cpu().contiguous() for name, tensor in model.state_dict().items()}
+    state = merged_state(model) if adapted(model) else model.state_dict()  # adapters merged into their layers
+    return hf_names({name: tensor.detach().float().cpu().contiguous() for name, tensor in state.items()}, model)
+
+
+def hf_names(params: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Tensors by this project's names -> by Hugging Face's (see hf_state); an adapter's tensors
+    (layer.lora_A.weight, ...) take their layer's name, as peft names them (A [r, in] and B [out, r]
+    are Linear layers in peft for GPT-2's Conv1D too: they are not transposed)."""
     if model.shape.arch == "llama":
         return {name if name == "lm_head.weight" else f"model.{name}": tensor for name, tensor in params.items()}
     out = {}
@@ -255,7 +263,7 @@ def load_into(model: nn.Module, weights: dict[str, torch.Tensor], folder: str | 
     """Copy the folder's weights into the model's parameters (this process's shards of them under FSDP)."""
     from ...engine.parallel.meta_init import copy_into
 
-    params = dict(model.named_parameters())
+    params = {name: param for name, param in model.named_parameters() if not is_adapter(name)}
     missing, unexpected = sorted(set(params) - set(weights)), sorted(set(weights) - set(params))
     if missing or unexpected:
         raise DataError(
@@ -322,8 +330,12 @@ def hf_config(shape, eot: int | None):
     return transformers.LlamaConfig(**keys, attention_bias=False, mlp_bias=False, architectures=["LlamaForCausalLM"])
 
 
-def _source_config(source: bytes | None, arch: str) -> dict | None:
-    """The starting folder's config.json, if it is of the model's family, with float32 weights."""
+STORED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _source_config(source: bytes | None, arch: str, keep_dtype: bool = False) -> dict | None:
+    """The starting folder's config.json, if it is of the model's family, with float32 weights (keep_dtype:
+    with its own dtype, which the weights are stored in)."""
     if source is None:
         return None
     config = json.loads(source)
@@ -331,9 +343,57 @@ def _source_config(source: bytes | None, arch: str) -> dict | None:
     if (kind == "gpt2") != (arch == "gpt2") or kind not in ("gpt2", *LLAMA_TYPES):
         return None
     for key in ("torch_dtype", "dtype"):  # transformers 4's name, 5's
-        if key in config:
+        if key in config and not (keep_dtype and config[key] in STORED_DTYPES):
             config[key] = "float32"
     return config
+
+
+def stored_dtype(config: dict | None) -> torch.dtype:
+    """The dtype a config.json says its weights are stored in (float32 when it says none)."""
+    config = config or {}
+    return STORED_DTYPES.get(config.get("dtype") or config.get("torch_dtype"), torch.float32)
+
+
+PEFT_PREFIX = "base_model.model."
+
+
+def peft_config(lora, arch: str, base: str) -> dict:
+    """adapter_config.json of a LoRA run (lora: model.lora), as peft's LoraConfig writes it."""
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base,
+        "r": lora.r,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": lora.dropout,
+        "target_modules": sorted(lora.targets or TARGETS[arch]),
+        "bias": "none",
+        "use_rslora": lora.rslora,
+        "use_dora": lora.dora,
+        "fan_in_fan_out": arch == "gpt2",  # GPT-2's Conv1D layers hold their weights (in, out)
+        "init_lora_weights": True,
+        "modules_to_save": None,
+        "inference_mode": True,
+    }
+
+
+def write_peft(model: nn.Module, folder: Path, lora, base: str) -> None:
+    """A PEFT adapter folder of the model's adapters (export --format peft): adapter_config.json and
+    adapter_model.safetensors with peft's names, which PeftModel.from_pretrained loads over the base."""
+    from safetensors.torch import save_file
+
+    if not adapted(model):
+        raise ConfigError("export --format peft: this run trained no adapters (model.lora.r=0); use --format hf")
+    staging = folder.with_name(f".{folder.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    tensors = {PEFT_PREFIX + name: tensor for name, tensor in hf_names(adapter_state(model), model).items()}
+    save_file(tensors, str(staging / "adapter_model.safetensors"), metadata={"format": "pt"})
+    config = peft_config(lora, model.shape.arch, base)
+    (staging / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    if folder.exists():
+        shutil.rmtree(folder)
+    staging.rename(folder)
 
 
 def write_folder(model: nn.Module, folder: Path, tokenizer, eot: int | None, source: bytes | None = None) -> None:
@@ -352,12 +412,15 @@ def write_folder(model: nn.Module, folder: Path, tokenizer, eot: int | None, sou
     staging = folder.with_name(f".{folder.name}.partial")  # the folder appears complete or not at all
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    source_config = _source_config(source, model.shape.arch)
+    merged = adapted(model)  # adapters merged in float32, stored in the base's dtype
+    source_config = _source_config(source, model.shape.arch, keep_dtype=merged)
     if source_config is not None:
         (staging / "config.json").write_text(json.dumps(source_config, indent=2) + "\n", encoding="utf-8")
     else:
         hf_config(model.shape, eot).save_pretrained(str(staging))
-    save_file(hf_state(model), str(staging / "model.safetensors"), metadata={"format": "pt"})
+    dtype = stored_dtype(source_config) if merged else torch.float32
+    state = {name: tensor.to(dtype) for name, tensor in hf_state(model).items()}
+    save_file(state, str(staging / "model.safetensors"), metadata={"format": "pt"})
     if getattr(tokenizer, "companions", None):
         (staging / "tokenizer.json").write_bytes(tokenizer.json)
         for name, content in tokenizer.companions.items():
