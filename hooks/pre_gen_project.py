@@ -44,10 +44,13 @@ RESERVED_PACKAGE_NAMES = frozenset(
         "tests",
         "tiny",  # tests/tiny.py: the task's test configuration
         "hf_folders",  # tests/task/hf_folders.py: the language model's Hugging Face test folders
+        "engine",  # tests/engine/: the engine's tests, whose fault helpers the adapter tests reuse
         "tokenizers",  # the language model's optional tokenizer.json support
         "pyarrow",  # the language model's prepare: Parquet and datasets inputs
         "datasets",  # its tests write a datasets folder with it
         "transformers",  # its Hugging Face GPT-2 export, and the tests of it
+        "peft",  # the tests load its PEFT adapter export in peft
+        "torchao",  # model.quantize=nf4: the NF4 weights of QLoRA
         # torch's own dependencies: shadowing one breaks `import torch` itself
         "sympy",
         "isympy",

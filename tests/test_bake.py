@@ -26,7 +26,7 @@ ENGINE = [
     *("torch_private", "ckpt/__init__", "ckpt/files", "ckpt/names", "ckpt/checkpoint"),
     "ckpt/sharded",
     *("ckpt/restore", "parallel/__init__", "parallel/distributed", "parallel/meta_init"),
-    "parallel/recompute",
+    *("parallel/recompute", "parallel/state_dicts"),
     *("sweep/__init__", "sweep/config", "sweep/study", "sweep/trial", "sweep/report"),
 ]
 ENGINE_TESTS = [
@@ -72,6 +72,7 @@ TASK_FILES = {
         *(f"src/PKG/task/{m}.py" for m in ("tokenizer", "generate", "chat")),
         *(f"src/PKG/task/model/{m}.py" for m in ("__init__", "build", "blocks", "gpt2", "llama")),
         "src/PKG/task/model/hf.py",  # Hugging Face folders in and out
+        "src/PKG/task/model/lora.py",  # adapters: LoRA, rsLoRA, DoRA, NF4 (QLoRA)
         *(f"src/PKG/task/prepare/{m}.py" for m in ("__init__", "sources", "pieces", "split")),
         *(f"src/PKG/task/prepare/{m}.py" for m in ("encode", "shards", "options", "cli")),
         "src/PKG/prepare.py",
@@ -81,6 +82,7 @@ TASK_FILES = {
         "tests/task/test_chat_training.py",  # packing, the step's loss, a tiny model that learns
         "tests/task/test_chat_tokens.py",  # conversations' ids under each tokenizer style
         "tests/task/hf_folders.py",  # small Hugging Face folders the tests make
+        "tests/task/test_lora.py",  # adapters
         "tests/task/fixtures/flat_layout_step_3.checkpoint",  # the flat layout's, before task/
     },
 }

@@ -9,6 +9,11 @@ run.output_dir as given on the command line or, for --checkpoint PATH alone, bes
 Which weights: a checkpoint of a run with optim.ema_decay > 0 holds the weights' moving average
 beside them; the commands use the average (what validation measured and best.safetensors holds)
 unless `--weights raw` asks for the trained weights themselves.
+
+One place does come from a checkpoint: one that holds only what trained over frozen weights the task
+rebuilds (adapters over a base folder: its "frozen" entry, Task.frozen_weights) names the keys that
+rebuild them, and they are taken unless the command line names others; the SHA-256 of the weights
+rebuilt must equal the stored one, so a folder that changed since is refused rather than used.
 """
 
 from __future__ import annotations
@@ -178,9 +183,16 @@ def check_frozen(stored: dict | None, now: dict | None, path: Path) -> None:
     built now (each a Task.frozen_weights(): what rebuilds them and the SHA-256 of their values)."""
     if stored is None and now is None:
         return
-    if stored is None or now is None:
-        which = "holds adapters only" if stored is not None else "holds every weight"
-        raise CheckpointError(f"{path} {which}; the model configured now does not fit it (check model.lora)")
+    if now is None:
+        raise CheckpointError(
+            f"{path} holds only what trained over the frozen {describe_frozen(stored)}; the model configured "
+            "now freezes nothing for it to go on"
+        )
+    if stored is None:
+        raise CheckpointError(
+            f"{path} holds every weight, but the model configured now trains over the frozen "
+            f"{describe_frozen(now)}: it is another model"
+        )
     if stored.get("sha256") != now.get("sha256"):
         raise CheckpointError(
             f"{path} was trained over {describe_frozen(stored)}, but the frozen weights now are "

@@ -161,9 +161,10 @@ def test_an_adapter_checkpoint_holds_the_adapters_and_names_its_base(tmp_path, c
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [0, 2])
 def test_sigkill_then_resume_gives_the_adapters_bit_for_bit(tmp_path, nproc):
-    """SIGKILL at a random moment after a checkpoint, then the same command: the adapters, their moments
-    (and under FSDP on 2 processes, DoRA's magnitudes and the adapters' weight average, every process's
-    shards of them) end equal to an uninterrupted run's, bit for bit."""
+    """SIGKILL at a random moment after a checkpoint, then the same command: the adapters and their
+    moments end equal to an uninterrupted run's, bit for bit. One process: bf16, activation
+    checkpointing and 2 accumulation steps; FSDP on 2 processes: DoRA's magnitudes and the adapters'
+    weight average too, every process's shards of them."""
     from engine.test_faults import assert_bit_identical, completed, kill_everything, start, wait_for_checkpoint
 
     folder(tmp_path / "base", "llama")
@@ -171,6 +172,9 @@ def test_sigkill_then_resume_gives_the_adapters_bit_for_bit(tmp_path, nproc):
             "trainer.max_steps=16", "trainer.checkpoint_every=2", "trainer.log_every=3"]  # fmt: skip
     if nproc:
         args += ["data.batch_size=2", "distributed.strategy=fsdp", "model.lora.dora=true", "optim.ema_decay=0.9"]
+    else:
+        args += ["trainer.precision=bf16", "model.activation_checkpointing=true", "data.batch_size=2",
+                 "trainer.grad_accum_steps=2"]  # fmt: skip
     completed(nproc, [*args, f"run.output_dir={tmp_path / 'straight'}"])
     run = [*args, f"run.output_dir={tmp_path / 'killed'}"]
     process = start(nproc, run)
@@ -183,11 +187,20 @@ def test_sigkill_then_resume_gives_the_adapters_bit_for_bit(tmp_path, nproc):
     assert all(lora.is_adapter(name) for name in newest(tmp_path / "killed")["model"])
 
 
+# How 2 processes share a global batch of 4: DDP with 2 accumulation steps of 1, FSDP2 (with DoRA: the
+# magnitudes sharded with their layers), HSDP (2 replicas).
+TWO_PROCESSES = {
+    "ddp": ["distributed.strategy=ddp", "data.batch_size=1", "trainer.grad_accum_steps=2"],
+    "fsdp": ["distributed.strategy=fsdp", "data.batch_size=2"],
+    "hsdp": ["distributed.strategy=fsdp", "distributed.replicate_degree=2", "data.batch_size=2"],
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+@pytest.mark.parametrize("strategy", list(TWO_PROCESSES))
 def test_two_processes_make_the_update_of_one(tmp_path, strategy):
-    """LoRA (DoRA under FSDP: the magnitudes sharded with their layers) on 2 gloo processes x batch 2 and
-    on 1 x batch 4: the same adapters after 3 steps, to float32 summation order."""
+    """LoRA on 2 gloo processes (TWO_PROCESSES) and on 1 x batch 4: the same adapters after 3 steps, to
+    float32 summation order."""
     from conftest import torchrun
 
     folder(tmp_path / "base", "llama")
@@ -195,8 +208,7 @@ def test_two_processes_make_the_update_of_one(tmp_path, strategy):
     if strategy == "fsdp":
         common.append("model.lora.dora=true")
     assert train_main([*common, f"run.output_dir={tmp_path / 'one'}"]) == 0
-    two_processes = ["data.batch_size=2", f"distributed.strategy={strategy}", f"run.output_dir={tmp_path / 'two'}"]
-    torchrun(2, [*common, *two_processes])
+    torchrun(2, [*common, *TWO_PROCESSES[strategy], f"run.output_dir={tmp_path / 'two'}"])
     one, two = newest(tmp_path / "one"), newest(tmp_path / "two")
     assert set(one["model"]) == set(two["model"])
     for key in one["model"]:
@@ -269,3 +281,29 @@ def test_a_qlora_run_learns_as_lora_does_and_exports_the_dequantized_merge(tmp_p
     assert export_main([f"run.output_dir={run}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "NF4Tensor weights (a quantized base)" in err[0] and "hf, peft" in err[0], err
+
+
+@pytest.mark.slow
+def test_adapters_fine_tune_on_packed_conversations(tmp_path):
+    """prepare --chat, then LoRA over a Llama folder of the data's vocabulary on packed conversations:
+    the run trains (its loss on the answers falls) and checkpoints the adapters only."""
+    from {{ cookiecutter.package_name }}.prepare import main as prepare_main
+
+    from conftest import read_metrics
+    from hf_folders import arithmetic
+
+    source = tmp_path / "sums.jsonl"
+    source.write_text("".join(json.dumps(record) + "\n" for record in arithmetic(200, 0)))
+    assert prepare_main(["--chat", "--val-fraction", "0.1", "--out", str(tmp_path / "data"), str(source)]) == 0
+    vocab = json.loads((tmp_path / "data" / "meta.json").read_text())["vocab_size"]
+    keys = {"num_key_value_heads": 2, "initializer_range": 0.2, "max_position_embeddings": 128}
+    llama_folder(tmp_path / "base", "llama", keys, vocab_size=vocab)
+    run = tmp_path / "run"
+    args = ["run.device=cpu", "tracker.name=none", "data.name=text", f"data.root={tmp_path / 'data'}",
+            "data.seq_len=128", "data.batch_size=4", "trainer.max_steps=20", "trainer.log_every=5",
+            "trainer.val_every=null", "optim.lr=3e-2", "optim.warmup_steps=1", f"model.init_from={tmp_path / 'base'}",
+            "model.lora.r=8", f"run.output_dir={run}"]  # fmt: skip
+    assert train_main(args) == 0
+    losses = [record["train/loss"] for record in read_metrics(run) if "train/loss" in record]
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert all(lora.is_adapter(name) for name in newest(run)["model"])

@@ -124,9 +124,9 @@ class ModelConfig(ModelBase):
     (prepare --tokenizer FOLDER/tokenizer.json), whose tokenizer_config.json and chat template travel with the
     run."""
     lora: LoraConfig = field(default_factory=LoraConfig)
-    quantize: str | None = None
+    quantize: str = "none"
     """nf4 (QLoRA): the frozen linear weights of the blocks stored in 4 bits (torchao's NF4, on CPU and GPU),
-    computed in the activations' dtype, with adapters (model.lora.r > 0) training over them; null: as loaded."""
+    computed in the activations' dtype, with adapters (model.lora.r > 0) training over them; none: as loaded."""
 
 
 ARCHS = ("llama", "gpt2")
@@ -197,7 +197,7 @@ def check_lora(model: ModelConfig) -> None:
     from .model.lora import TARGETS
 
     lora, defaults = model.lora, LoraConfig()
-    if model.quantize is not None and not lora.r:
+    if model.quantize != "none" and not lora.r:
         raise ConfigError(
             f"model.quantize={model.quantize} stores the frozen base in 4 bits for adapters to train over: set "
             "model.lora.r, e.g. 16 (a quantized model cannot itself be trained)"
@@ -248,7 +248,7 @@ SPEC = TaskSpec(
     metrics={"val/loss": "min", "val/ppl": "min", "val/bpb": "min"},
     monitor="val/loss",
     validate=validate,
-    choices={"data.name": ("synthetic", "text"), "model.preset": PRESET_NAMES, "model.quantize": (None, "nf4")},
+    choices={"data.name": ("synthetic", "text"), "model.preset": PRESET_NAMES, "model.quantize": ("none", "nf4")},
     at_least_one=("data.seq_len", "data.order", "data.train_tokens", "data.val_tokens"),
     # A run is measured in optimizer steps, with validations between them, rather than in epochs
     # of a fixed data set.

@@ -120,7 +120,7 @@ class Task(seam.Task):
         shape = ModelShape.of(self.cfg.model, self._vocabulary(), self.cfg.data.seq_len)
         weights = self._pretrained() if self.cfg.model.init_from else None  # read (and checked) first
         adapters = self.cfg.model.lora
-        if self.cfg.model.quantize and shard is not None:
+        if self.cfg.model.quantize != "none" and shard is not None:
             raise ConfigError(
                 f"model.quantize={self.cfg.model.quantize} with distributed.strategy=fsdp: the NF4 weights are made "
                 "whole, after loading, and are not sharded; train on one process or with distributed.strategy=ddp"
@@ -149,7 +149,7 @@ class Task(seam.Task):
             hf.load_into(model, weights, self.cfg.model.init_from)
         if adapters.r:
             lora.set_magnitudes(model, weights)  # DoRA: from the base's row norms
-            if self.cfg.model.quantize:
+            if self.cfg.model.quantize == "nf4":
                 before, after = lora.quantize_base(model, shape.arch)
                 log.info("model.quantize=nf4: the blocks' linear weights take %.2f MiB instead of %.2f MiB",
                          after / 2**20, before / 2**20)  # fmt: skip
