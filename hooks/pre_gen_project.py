@@ -51,6 +51,7 @@ RESERVED_PACKAGE_NAMES = frozenset(
         "transformers",  # its Hugging Face GPT-2 export, and the tests of it
         "peft",  # the tests load its PEFT adapter export in peft
         "torchao",  # model.quantize=nf4: the NF4 weights of QLoRA
+        "timm",  # the image task's model.name=timm:NAME
         # torch's own dependencies: shadowing one breaks `import torch` itself
         "sympy",
         "isympy",

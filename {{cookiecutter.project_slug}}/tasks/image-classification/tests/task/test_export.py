@@ -104,3 +104,27 @@ def test_export_works_with_a_one_sample_validation_set(tiny, run_dir):
         images = torch.randn(batch, 3, 16, 16)
         with torch.no_grad():
             assert torch.allclose(program(images), model(images), atol=1e-5)
+
+
+def test_a_timm_model_trains_and_exports_a_folder_timm_loads(tiny, run_dir, capsys):
+    """model.name=timm:NAME (timm's tiny test ConvNeXt, with stochastic depth, on 32x32 images: it
+    downsamples 32 times) trains on the synthetic images; export --format timm writes a folder that
+    timm.create_model('local-dir:...', pretrained=True) loads with the trained head and our logits. A
+    name timm lacks is refused in one line that suggests its own."""
+    timm = pytest.importorskip("timm")
+    model = ["model.name=timm:test_convnext", "model.drop_path=0.1"]
+    args = [*tiny, "data.image_size=32", *model, f"run.output_dir={run_dir}"]
+    assert train_main([*args, "trainer.max_epochs=1"]) == 0
+    assert export_main([f"run.output_dir={run_dir}", "--format", "timm"]) == 0
+    loaded = timm.create_model(f"local-dir:{run_dir / 'export' / 'timm'}", pretrained=True).eval()
+    path, state = latest_checkpoint(run_dir / "checkpoints")
+    ours = build_model(load_config(SPEC, [], [*args, "model.drop_path=0.0"]).model, num_classes=10).eval()
+    ours.load_state_dict(state["model"])
+    images = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(images), ours(images), rtol=1e-5, atol=1e-5)
+    assert loaded.get_classifier().out_features == 10
+    capsys.readouterr()
+    assert train_main([*tiny, "model.name=timm:test_convnxt", f"run.output_dir={run_dir}_bad"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "timm has no such model; did you mean timm:test_convnext" in err[0], err

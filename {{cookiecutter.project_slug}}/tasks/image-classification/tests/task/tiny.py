@@ -30,6 +30,7 @@ BAD_CONFIGS = [
     (["model.freeze_backbone=true"], "model.freeze_backbone=true needs model.pretrained"),
     (["model.norm=group", "model.name=vit_b_16"], "model.norm=group works with ResNets only"),
     (["data.name=imagefolder", "data.root=/nonexistent"], "has no train/ folder"),
+    (["model.drop_path=0.1"], "model.drop_path=0.1 applies to timm models (model.name=timm:NAME)"),
 ]
 # Settings under which N processes x batch b train like 1 process x batch N x b (GroupNorm: BatchNorm
 # statistics depend on the per-process batch).

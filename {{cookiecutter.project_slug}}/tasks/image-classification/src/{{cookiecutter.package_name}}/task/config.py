@@ -47,7 +47,10 @@ class DataConfig(DataBase):
 @dataclass
 class ModelConfig(ModelBase):
     name: str = "resnet18"
-    """A torchvision classification model: resnet18, resnet50, convnext_tiny, ... (ViTs need 224x224 images)."""
+    """A torchvision classification model: resnet18, resnet50, convnext_tiny, ... (ViTs need 224x224 images), or
+    timm:NAME for any timm model (the timm extra), e.g. timm:convnext_nano, timm:efficientnet_b0."""
+    drop_path: float = 0.0
+    """timm models: stochastic depth, the rate at which a residual block is skipped in training (0: off)."""
     norm: str = "batch"
     """ResNets only: batch (BatchNorm) or group (GroupNorm, independent of batch size)."""
     small_input: bool = True
@@ -64,6 +67,13 @@ def validate(cfg: Config) -> None:
     """Combinations of data and model keys that cannot work, named."""
     if cfg.model.norm == "group" and not cfg.model.name.startswith(("resnet", "resnext", "wide_resnet")):
         raise ConfigError(f"model.norm=group works with ResNets only, not model.name={cfg.model.name}")
+    if not 0.0 <= cfg.model.drop_path < 1.0:
+        raise ConfigError(f"model.drop_path={cfg.model.drop_path} must be at least 0 and below 1")
+    if cfg.model.drop_path and not cfg.model.name.startswith("timm:"):
+        raise ConfigError(
+            f"model.drop_path={cfg.model.drop_path} applies to timm models (model.name=timm:NAME), "
+            f"not to torchvision's {cfg.model.name}"
+        )
     if cfg.model.freeze_backbone and not cfg.model.pretrained:
         raise ConfigError("model.freeze_backbone=true needs model.pretrained (a frozen random backbone learns nothing)")
     if cfg.model.pretrained and not Path(cfg.model.pretrained).is_file():

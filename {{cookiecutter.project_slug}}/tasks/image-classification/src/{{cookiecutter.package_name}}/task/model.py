@@ -1,11 +1,15 @@
-"""The model: a torchvision classifier by name, the loss, and what freezing means.
+"""The model: a torchvision classifier by name, or any timm model (model.name=timm:NAME), the loss,
+and what freezing means.
 
 Parallelism (DDP/FSDP) is applied in distributed.py, never here.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
+import shutil
+from pathlib import Path
 
 import torch
 import torchvision
@@ -57,8 +61,35 @@ def init_module(name: str, module: nn.Module, generator: torch.Generator) -> Non
             module.reset_running_stats()
 
 
+TIMM = "timm:"  # model.name=timm:NAME: the timm model NAME (the timm extra)
+TIMM_EXTRA = "pip install -e '.[timm]'"
+
+
+def timm_model(name: str, num_classes: int, drop_path: float) -> nn.Module:
+    """timm's model `name` with num_classes outputs and stochastic depth drop_path, initialised as timm
+    initialises it; a name timm lacks is refused with the closest ones it has."""
+    try:
+        import timm
+    except ImportError:
+        raise ConfigError(f"model.name={TIMM}{name}: timm is not installed ({TIMM_EXTRA})") from None
+    if not timm.is_model(name):
+        close = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(TIMM + c for c in close)}?" if close else "see timm.list_models()"
+        raise ConfigError(f"model.name={TIMM}{name}: timm has no such model; {hint}")
+    kwargs = {"num_classes": num_classes}
+    if drop_path:
+        kwargs["drop_path_rate"] = drop_path
+    try:
+        return timm.create_model(name, pretrained=False, **kwargs)
+    except TypeError:  # the model takes no drop_path_rate
+        raise ConfigError(f"model.drop_path={drop_path}: timm's {name} has no stochastic depth") from None
+
+
 def architecture(cfg: ModelConfig, num_classes: int) -> nn.Module:
-    """The classifier's layers, with torchvision's initialisation (on the meta device: shapes only)."""
+    """The classifier's layers, with torchvision's (or timm's) initialisation (on the meta device:
+    shapes only)."""
+    if cfg.name.startswith(TIMM):
+        return timm_model(cfg.name.removeprefix(TIMM), num_classes, cfg.drop_path)
     kwargs = {"num_classes": num_classes}
     if cfg.norm == "group":
         kwargs["norm_layer"] = group_norm
@@ -106,6 +137,25 @@ def freeze_backbone(model: nn.Module) -> None:
         param.requires_grad_(False)
     for param in head.parameters():
         param.requires_grad_(True)
+
+
+def write_timm_folder(model: nn.Module, name: str, folder: Path) -> None:
+    """export --format timm: config.json (the architecture, the classes, timm's preprocessing settings)
+    and model.safetensors, as timm.models.save_for_hf writes them: timm.create_model('local-dir:FOLDER')
+    loads the trained model, head included, and the hub takes the folder as it is."""
+    try:
+        import timm
+    except ImportError:
+        raise ConfigError(f"export --format timm needs timm: {TIMM_EXTRA}") from None
+    if not name.startswith(TIMM):
+        raise ConfigError(f"export --format timm: model.name={name} is torchvision's; train a model.name=timm:NAME")
+    staging = folder.with_name(f".{folder.name}.partial")  # the folder appears complete or not at all
+    shutil.rmtree(staging, ignore_errors=True)
+    config = {"architecture": name.removeprefix(TIMM), "num_classes": classifier_head(model).out_features}
+    timm.models.save_for_hf(model, str(staging), model_config=config, safe_serialization=True)
+    if folder.exists():
+        shutil.rmtree(folder)  # an earlier export of this run, written again
+    staging.rename(folder)
 
 
 def classification_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,7 @@ The training set takes the (epoch, index) keys of loaders.ResumableSampler, so i
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -18,7 +19,7 @@ from ..engine import seam
 from ..engine.config import Config
 from ..engine.parallel import meta_init
 from .data import DeviceImages, SeededAugmentation, build_datasets, device_bytes, device_image_set
-from .model import INIT_TYPES, architecture, build_model, classification_loss, init_module
+from .model import INIT_TYPES, architecture, build_model, classification_loss, init_module, write_timm_folder
 from .validation import evaluate_model
 
 
@@ -85,6 +86,16 @@ class Task(seam.Task):
     def throughput(self, samples_per_s: float) -> dict:
         """No figures beyond perf/samples_per_s: a sample is an image."""
         return {}
+
+    EXPORT_FORMATS = {
+        "timm": "a timm model folder (export/timm: timm.create_model('local-dir:...') loads it; model.name=timm:NAME)"
+    }
+
+    def export_as(self, fmt: str, model: nn.Module, folder: Path) -> Path:
+        """export --format timm: config.json and model.safetensors in folder/timm."""
+        out = Path(folder) / fmt
+        write_timm_folder(model, self.cfg.model.name, out)
+        return out
 
     def export_example(self) -> tuple[tuple, tuple]:
         """Two images of the configured size, with a dynamic batch dimension (1 to 4096 images).
