@@ -302,7 +302,7 @@ def test_a_failed_run_leaves_no_worker_processes(tiny, monkeypatch):
 
     kept = []
 
-    def fail_at_step_2(logits, targets):
+    def fail_at_step_2(logits, targets, *settings):
         if len(kept) == 1:
             error = Diverged("injected at step 2")
             kept.append(error)  # like pytest's sys.last_traceback: the frames holding the loaders live on

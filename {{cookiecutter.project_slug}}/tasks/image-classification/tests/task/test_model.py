@@ -76,6 +76,18 @@ def test_loss_refuses_one_hot_and_misshaped_targets():
         classification_loss(logits, nn.functional.one_hot(targets, 3).float())
 
 
+def test_label_smoothing_spreads_a_share_of_the_target_over_every_class():
+    """With label smoothing e the loss is (1 - e) x the cross-entropy of the class plus e x the mean
+    over all classes of -log p (computed here from the log-probabilities); e = 0 is plain cross-entropy."""
+    logits = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    targets = torch.tensor([0, 3, 1, 1, 2])
+    log_p = logits.log_softmax(dim=1)
+    plain = -log_p[torch.arange(5), targets].mean()
+    spread = -log_p.mean(dim=1).mean()
+    assert torch.isclose(classification_loss(logits, targets, 0.1), 0.9 * plain + 0.1 * spread)
+    assert torch.isclose(classification_loss(logits, targets, 0.0), plain)
+
+
 @pytest.mark.parametrize("content", [[1, 2, 3], {"conv1.weight": "not a tensor"}, "text"])
 def test_pretrained_file_that_is_not_a_dict_of_tensors_exits_2(content, tiny, tmp_path, capsys):
     """model.pretrained pointing at a torch file of something else than a state_dict is named, exit 2."""

@@ -31,6 +31,7 @@ BAD_CONFIGS = [
     (["model.norm=group", "model.name=vit_b_16"], "model.norm=group works with ResNets only"),
     (["data.name=imagefolder", "data.root=/nonexistent"], "has no train/ folder"),
     (["model.drop_path=0.1"], "model.drop_path=0.1 applies to timm models (model.name=timm:NAME)"),
+    (["model.label_smoothing=1.0"], "model.label_smoothing=1.0 must be at least 0 and below 1"),
 ]
 # Settings under which N processes x batch b train like 1 process x batch N x b (GroupNorm: BatchNorm
 # statistics depend on the per-process batch).

@@ -51,6 +51,9 @@ class ModelConfig(ModelBase):
     timm:NAME for any timm model (the timm extra), e.g. timm:convnext_nano, timm:efficientnet_b0."""
     drop_path: float = 0.0
     """timm models: stochastic depth, the rate at which a residual block is skipped in training (0: off)."""
+    label_smoothing: float = 0.0
+    """Training's cross-entropy against (1 - e) on the labelled class and e spread over all classes (torchvision's
+    2021 recipe: 0.1); val/loss stays the plain cross-entropy."""
     norm: str = "batch"
     """ResNets only: batch (BatchNorm) or group (GroupNorm, independent of batch size)."""
     small_input: bool = True
@@ -67,6 +70,8 @@ def validate(cfg: Config) -> None:
     """Combinations of data and model keys that cannot work, named."""
     if cfg.model.norm == "group" and not cfg.model.name.startswith(("resnet", "resnext", "wide_resnet")):
         raise ConfigError(f"model.norm=group works with ResNets only, not model.name={cfg.model.name}")
+    if not 0.0 <= cfg.model.label_smoothing < 1.0:
+        raise ConfigError(f"model.label_smoothing={cfg.model.label_smoothing} must be at least 0 and below 1")
     if not 0.0 <= cfg.model.drop_path < 1.0:
         raise ConfigError(f"model.drop_path={cfg.model.drop_path} must be at least 0 and below 1")
     if cfg.model.drop_path and not cfg.model.name.startswith("timm:"):

@@ -158,11 +158,12 @@ def write_timm_folder(model: nn.Module, name: str, folder: Path) -> None:
     staging.rename(folder)
 
 
-def classification_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over integer class targets; refuses shapes that would silently broadcast."""
+def classification_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+    """Mean cross-entropy over integer class targets (label_smoothing e: against (1 - e) on the class
+    and e spread evenly over every class); refuses shapes that would silently broadcast."""
     if targets.dtype != torch.long or targets.shape != logits.shape[:1]:
         raise ValueError(
             f"targets must be class indices of shape {tuple(logits.shape[:1])} and dtype long, "
             f"got shape {tuple(targets.shape)} and dtype {targets.dtype}"
         )
-    return F.cross_entropy(logits.float(), targets)
+    return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing)

@@ -70,11 +70,11 @@ class Task(seam.Task):
         return model
 
     def loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, int]:
-        """Mean cross-entropy of one micro-batch and its number of samples."""
+        """Mean cross-entropy of one micro-batch (with model.label_smoothing) and its number of samples."""
         images, targets = batch
         images = self.inputs(images)
         targets = targets.to(self.device, non_blocking=True)  # the whole batch moves, not just inputs
-        return classification_loss(model(images), targets), len(targets)
+        return classification_loss(model(images), targets, self.cfg.model.label_smoothing), len(targets)
 
     def validate(self, model: nn.Module, loader: DataLoader) -> dict:
         """val/loss, val/acc and val/samples over the whole validation set."""
