@@ -318,7 +318,7 @@ def validate(cfg: Config, spec: TaskSpec) -> None:
             listed = ", ".join("null" if choice is None else str(choice) for choice in allowed)
             raise ConfigError(f"{key}={_get(cfg, key)!r} is not allowed; choose one of {listed}")
     for key in at_least_one(spec):
-        if _get(cfg, key) < 1:
+        if _get(cfg, key) is not None and _get(cfg, key) < 1:  # null: the task's validate sets it
             raise ConfigError(f"{key}={_get(cfg, key)} must be at least 1")
     if not 0 <= cfg.run.seed < 2**31:
         raise ConfigError(f"run.seed={cfg.run.seed} must be between 0 and 2**31 - 1")

@@ -109,8 +109,9 @@ def test_export_works_with_a_one_sample_validation_set(tiny, run_dir):
 def test_a_timm_model_trains_and_exports_a_folder_timm_loads(tiny, run_dir, capsys):
     """model.name=timm:NAME (timm's tiny test ConvNeXt, with stochastic depth, on 32x32 images: it
     downsamples 32 times) trains on the synthetic images; export --format timm writes a folder that
-    timm.create_model('local-dir:...', pretrained=True) loads with the trained head and our logits. A
-    name timm lacks is refused in one line that suggests its own."""
+    timm.create_model('local-dir:...', pretrained=True) loads with the trained head and our logits, and
+    with the run's image size, mean and std as its preprocessing. A name timm lacks is refused in one line
+    that suggests its own."""
     timm = pytest.importorskip("timm")
     model = ["model.name=timm:test_convnext", "model.drop_path=0.1"]
     args = [*tiny, "data.image_size=32", *model, f"run.output_dir={run_dir}"]
@@ -124,6 +125,9 @@ def test_a_timm_model_trains_and_exports_a_folder_timm_loads(tiny, run_dir, caps
     with torch.no_grad():
         torch.testing.assert_close(loaded(images), ours(images), rtol=1e-5, atol=1e-5)
     assert loaded.get_classifier().out_features == 10
+    prepared = timm.data.resolve_data_config(model=loaded)  # timm prepares images as training did
+    assert tuple(prepared["input_size"]) == (3, 32, 32) and prepared["crop_pct"] == 1.0
+    assert tuple(prepared["mean"]) == (0.5, 0.5, 0.5) and tuple(prepared["std"]) == (0.25, 0.25, 0.25)
     capsys.readouterr()
     assert train_main([*tiny, "model.name=timm:test_convnxt", f"run.output_dir={run_dir}_bad"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -1,15 +1,19 @@
-"""Model: torchvision by name, the 32x32 stem, GroupNorm, pretrained weights, freezing, the loss."""
+"""Model: torchvision by name, the 32x32 stem, GroupNorm, pretrained weights and timm folders, freezing,
+the loss."""
+
+import json
 
 import pytest
 import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from {{ cookiecutter.package_name }}.engine.config import ConfigError, OptimConfig
+from {{ cookiecutter.package_name }}.engine.config import ConfigError, OptimConfig, load_config
 from {{ cookiecutter.package_name }}.engine.optim import build_optimizer
 from {{ cookiecutter.package_name }}.engine.step import train_mode
-from {{ cookiecutter.package_name }}.task.config import ModelConfig
+from {{ cookiecutter.package_name }}.task.config import SPEC, ModelConfig
 from {{ cookiecutter.package_name }}.task.model import build_model, classification_loss, classifier_head
+from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main
 
 
@@ -95,3 +99,58 @@ def test_pretrained_file_that_is_not_a_dict_of_tensors_exits_2(content, tiny, tm
     torch.save(content, path)
     assert main([*tiny, f"model.pretrained={path}"]) == 2
     assert "not a state_dict of tensors" in capsys.readouterr().err
+
+
+def timm_folder(path, num_classes: int = 7) -> nn.Module:
+    """What the hub's timm models look like: timm's test ConvNeXt saved by timm.models.save_for_hf."""
+    import timm
+
+    model = timm.create_model("test_convnext", num_classes=num_classes)
+    config = {"architecture": "test_convnext", "num_classes": num_classes}
+    timm.models.save_for_hf(model, str(path), model_config=config, safe_serialization=True)
+    return model
+
+
+def test_a_timm_folder_sets_the_architecture_and_the_data_defaults_and_is_re_headed(tiny, tmp_path, caplog):
+    """model.init_from=FOLDER: model.name, data.image_size, data.mean and data.std come from its config.json
+    (each unless set, and said in the log), every weight but the classifier's comes from its file, and the
+    classifier is a fresh one for the data's 10 classes (the folder's when the counts agree)."""
+    source = timm_folder(tmp_path / "convnext")
+    untouched = [arg for arg in tiny if not arg.startswith("data.image_size")]
+    with caplog.at_level("INFO"):
+        cfg = load_config(SPEC, [], [*untouched, f"model.init_from={tmp_path / 'convnext'}"])
+    assert (cfg.model.name, cfg.data.image_size) == ("timm:test_convnext", 160)
+    assert cfg.data.mean == [0.5, 0.5, 0.5] and cfg.data.std == [0.5, 0.5, 0.5]
+    assert "data.image_size=160" in caplog.text and "model.name=timm:test_convnext" in caplog.text
+    cfg = load_config(SPEC, [], [*tiny, f"model.init_from={tmp_path / 'convnext'}", "data.mean=[0.4,0.4,0.4]"])
+    assert cfg.data.image_size == 16 and cfg.data.mean == [0.4, 0.4, 0.4] and cfg.data.std == [0.5, 0.5, 0.5]
+
+    for classes in (10, 7):
+        cfg.data.num_classes = classes
+        task = Task(cfg, torch.device("cpu"))
+        task.datasets()
+        model, expected = task.build_model().state_dict(), source.state_dict()
+        assert model.keys() == expected.keys()
+        head = {"head.fc.weight", "head.fc.bias"}
+        assert all(torch.equal(model[k], expected[k]) for k in expected if k not in head)
+        assert model["head.fc.weight"].shape == (classes, 64)
+        assert torch.equal(model["head.fc.weight"], expected["head.fc.weight"]) == (classes == 7)
+
+
+@pytest.mark.parametrize(
+    "config, error",
+    [
+        ({"architecture": "no_such_net"}, "has no architecture 'no_such_net'"),
+        ({"architectures": ["ResNetForImageClassification"]}, "is a transformers model (ResNetForImageClassification)"),
+        (None, "not a timm model folder (config.json and model.safetensors)"),
+    ],
+)
+def test_a_folder_timm_cannot_build_is_refused_in_one_line(config, error, tiny, tmp_path, capsys):
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+        save_file({"w": torch.zeros(1)}, folder / "model.safetensors")
+    assert main([*tiny, f"model.init_from={folder}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and error in err[0], err

@@ -15,10 +15,12 @@ TINY = [
     "optim.warmup_steps=2",
     "tracker.name=none",
 ]
-# Random draws of the training data that a resumed run must repeat exactly.
-RANDOM_DATA = ["data.augment=true"]
+# Random draws of the training data that a resumed run must repeat exactly: crops, flips, TrivialAugment,
+# mixup, cutmix and random erasing, all drawn per (seed, epoch, sample).
+RECIPE = ["data.augment=trivial", "data.mixup=0.2", "data.cutmix=1.0", "data.random_erase=0.25"]
+RANDOM_DATA = RECIPE
 # No random draws of the training data: both loaders (data.loader=device, workers) hand over the same batches.
-SAME_DATA = ["data.augment=false"]
+SAME_DATA = ["data.augment=none"]
 # Keys of a validation line, and the one that counts what was validated with the set's size.
 VAL_KEYS = ("val/loss", "val/acc", "val/samples")
 VAL_COUNT = ("val/samples", 101)
@@ -32,7 +34,12 @@ BAD_CONFIGS = [
     (["data.name=imagefolder", "data.root=/nonexistent"], "has no train/ folder"),
     (["model.drop_path=0.1"], "model.drop_path=0.1 applies to timm models (model.name=timm:NAME)"),
     (["model.label_smoothing=1.0"], "model.label_smoothing=1.0 must be at least 0 and below 1"),
+    (["data.augment=autoaugment"], "data.augment='autoaugment': choose one of none, flip_crop, trivial, randaugment"),
+    (["data.augment=rand-q9"], "data.augment='rand-q9': timm cannot parse it"),
+    (["data.mixup=-0.2"], "data.mixup=-0.2 is a Beta distribution's alpha"),
+    (["data.random_erase=1.5"], "data.random_erase=1.5 is a probability"),
 ]
 # Settings under which N processes x batch b train like 1 process x batch N x b (GroupNorm: BatchNorm
-# statistics depend on the per-process batch).
-BATCH_INDEPENDENT = ["model.norm=group"]
+# statistics depend on the per-process batch), with the recipe's random draws on: a sample is augmented
+# and mixed alike whichever process takes it.
+BATCH_INDEPENDENT = ["model.norm=group", *RECIPE]

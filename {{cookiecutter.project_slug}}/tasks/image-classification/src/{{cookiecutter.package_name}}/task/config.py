@@ -6,15 +6,21 @@ merges the sections in beside the shared ones (run, optim, trainer, tracker, dis
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..engine.errors import ConfigError
 from ..engine.seam import DataBase, ModelBase, TaskSpec
+from .augment import augment_name, check_augment
 
 if TYPE_CHECKING:
     from ..engine.config import Config
+
+
+log = logging.getLogger(__name__)
+DEFAULT_MODEL = "resnet18"
 
 
 @dataclass
@@ -30,10 +36,28 @@ class DataConfig(DataBase):
     take at most a quarter of the device's memory, of RAM on a CPU, except imagefolder with augment; the
     log says which it chose)."""
     num_workers: int = 2
-    augment: bool = True
-    """Random crop and horizontal flip on training images; validation images are never augmented."""
-    image_size: int = 32
-    """Side of the square images, in pixels (synthetic images are made at this size; cifar10 and imagefolder resize)."""
+    augment: str = "flip_crop"
+    """Training images only: none, flip_crop (random crop and horizontal flip; true means this), trivial (then
+    TrivialAugmentWide, torchvision's 2021 recipe), randaugment (then RandAugment, 2 operations of magnitude 9)
+    or a timm RandAugment string such as rand-m9-mstd0.5-inc1 (the timm extra; workers only)."""
+    random_erase: float = 0.0
+    """Probability of erasing a random rectangle (2-33% of the image) of a training image to the mean colour
+    (torchvision's 2021 recipe: 0.1)."""
+    mixup: float = 0.0
+    """Mixup's Beta(a, a) alpha (0: off): a training image blended with another, and their labels alike (0.2)."""
+    cutmix: float = 0.0
+    """CutMix's Beta(a, a) alpha (0: off): a box of another image pasted in, labels by area (1.0)."""
+    mix_prob: float = 1.0
+    """Share of the training images that mixup or cutmix mixes."""
+    mix_switch_prob: float = 0.5
+    """With both mixup and cutmix on, the share mixed by cutmix."""
+    image_size: int | None = None
+    """Side of the square images, in pixels (synthetic images are made at this size; cifar10 and imagefolder resize);
+    null: the input size of model.init_from's folder, else 32."""
+    mean: list[float] | None = None
+    """Per-channel mean (0-1 scale) images are normalised with; null: model.init_from's, else the data set's."""
+    std: list[float] | None = None
+    """Per-channel standard deviation, as data.mean."""
     num_classes: int = 10
     """Classes of the synthetic data set (cifar10 and imagefolder take theirs from the data)."""
     train_size: int = 4000
@@ -46,7 +70,7 @@ class DataConfig(DataBase):
 
 @dataclass
 class ModelConfig(ModelBase):
-    name: str = "resnet18"
+    name: str = DEFAULT_MODEL
     """A torchvision classification model: resnet18, resnet50, convnext_tiny, ... (ViTs need 224x224 images), or
     timm:NAME for any timm model (the timm extra), e.g. timm:convnext_nano, timm:efficientnet_b0."""
     drop_path: float = 0.0
@@ -58,6 +82,10 @@ class ModelConfig(ModelBase):
     """ResNets only: batch (BatchNorm) or group (GroupNorm, independent of batch size)."""
     small_input: bool = True
     """ResNets only: 3x3 stride-1 stem that suits 32x32 images instead of the 7x7 stride-2 ImageNet stem."""
+    init_from: str | None = None
+    """A timm model folder (config.json and model.safetensors: the hub's timm models, timm.models.save_for_hf) to
+    start from: it sets model.name to timm:ITS_ARCHITECTURE, its weights load with a new classifier when the class
+    count differs, and its input size, mean and std become data.image_size, data.mean and data.std unless set."""
     pretrained: str | None = None
     """Local weights file (.safetensors or a .pt state_dict) to start from; the classifier head may differ."""
     freeze_backbone: bool = False
@@ -67,7 +95,12 @@ class ModelConfig(ModelBase):
 
 
 def validate(cfg: Config) -> None:
-    """Combinations of data and model keys that cannot work, named."""
+    """Combinations of data and model keys that cannot work, named; what model.init_from's folder sets."""
+    data = cfg.data
+    if cfg.model.pretrained and cfg.model.init_from:
+        raise ConfigError("model.pretrained and model.init_from both name starting weights; keep one")
+    if cfg.model.init_from:
+        from_init_folder(cfg)
     if cfg.model.norm == "group" and not cfg.model.name.startswith(("resnet", "resnext", "wide_resnet")):
         raise ConfigError(f"model.norm=group works with ResNets only, not model.name={cfg.model.name}")
     if not 0.0 <= cfg.model.label_smoothing < 1.0:
@@ -79,8 +112,24 @@ def validate(cfg: Config) -> None:
             f"model.drop_path={cfg.model.drop_path} applies to timm models (model.name=timm:NAME), "
             f"not to torchvision's {cfg.model.name}"
         )
-    if cfg.model.freeze_backbone and not cfg.model.pretrained:
-        raise ConfigError("model.freeze_backbone=true needs model.pretrained (a frozen random backbone learns nothing)")
+    if data.image_size is None:
+        data.image_size = 32
+    for key in ("mean", "std"):
+        if getattr(data, key) is not None and len(getattr(data, key)) != 3:
+            raise ConfigError(f"data.{key}={list(getattr(data, key))} must give 3 numbers, one per colour channel")
+    data.augment = augment_name(data.augment)
+    check_augment(data.augment)
+    for key in ("random_erase", "mix_prob", "mix_switch_prob"):
+        if not 0.0 <= getattr(data, key) <= 1.0:
+            raise ConfigError(f"data.{key}={getattr(data, key)} is a probability: between 0 and 1")
+    for key in ("mixup", "cutmix"):
+        if getattr(data, key) < 0:
+            raise ConfigError(f"data.{key}={getattr(data, key)} is a Beta distribution's alpha: positive, or 0 for off")
+    if cfg.model.freeze_backbone and not (cfg.model.pretrained or cfg.model.init_from):
+        raise ConfigError(
+            "model.freeze_backbone=true needs model.pretrained or model.init_from "
+            "(a frozen random backbone learns nothing)"
+        )
     if cfg.model.pretrained and not Path(cfg.model.pretrained).is_file():
         raise ConfigError(f"model.pretrained={cfg.model.pretrained!r}: no such file")
     if cfg.data.name == "imagefolder":
@@ -90,6 +139,32 @@ def validate(cfg: Config) -> None:
                     f"data.root={cfg.data.root!r} has no {split}/ folder; imagefolder expects "
                     "root/train/<class>/<image> and root/val/<class>/<image>"
                 )
+
+
+def from_init_folder(cfg: Config) -> None:
+    """model.init_from's architecture as model.name, its input size, mean and std as the data's unless set
+    (said in the log)."""
+    from .model import TIMM, read_folder
+
+    folder = read_folder(cfg.model.init_from)
+    name = TIMM + folder["architecture"]
+    if cfg.model.name not in (DEFAULT_MODEL, name):
+        raise ConfigError(
+            f"model.name={cfg.model.name} but model.init_from={cfg.model.init_from!r} holds {name}; "
+            "leave model.name out"
+        )
+    cfg.model.name = name
+    pretrained = folder.get("pretrained_cfg") or {}
+    taken = [f"model.name={name}"]
+    size = pretrained.get("input_size")
+    if cfg.data.image_size is None and size:
+        cfg.data.image_size = int(size[-1])
+        taken.append(f"data.image_size={cfg.data.image_size}")
+    for key in ("mean", "std"):
+        if getattr(cfg.data, key) is None and pretrained.get(key):
+            setattr(cfg.data, key, [float(v) for v in pretrained[key]])
+            taken.append(f"data.{key}={getattr(cfg.data, key)}")
+    log.info("model.init_from=%s: %s (from its config.json)", cfg.model.init_from, ", ".join(taken))
 
 
 SPEC = TaskSpec(
@@ -105,15 +180,16 @@ SPEC = TaskSpec(
     # file that may have been written elsewhere.
     from_checkpoint={
         "model": ("name", "norm", "small_input", "channels_last"),
-        "data": ("name", "image_size", "num_classes", "train_size", "val_size"),
+        "data": ("name", "image_size", "mean", "std", "num_classes", "train_size", "val_size"),
         "trainer": ("precision",),
     },
     # Training-only settings of a --config file (a pretrained file) may be gone where evaluate runs.
-    inference_only=("model.pretrained=null", "model.freeze_backbone=false"),
+    inference_only=("model.init_from=null", "model.pretrained=null", "model.freeze_backbone=false"),
     resume_may_change=(
         "data.root",
         "data.download",
         "model.pretrained",  # the initial weights only: a resumed run takes its weights from the checkpoint
+        "model.init_from",  # likewise (its architecture, size and statistics are in the stored model and data keys)
         "model.channels_last",  # the same numbers in another memory layout
     ),
     memory_hint="a smaller data.image_size or model.name",

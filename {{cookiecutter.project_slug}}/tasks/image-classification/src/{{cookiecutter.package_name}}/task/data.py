@@ -23,6 +23,7 @@ from torchvision.transforms import v2
 from ..engine.errors import DataError
 from ..engine.loaders import sample_bits
 from ..engine.parallel import distributed
+from .augment import Mixing, augment_name, crops_and_flips, partner, policy, seeded
 from .config import DataConfig
 
 log = logging.getLogger(__name__)
@@ -65,23 +66,27 @@ class SyntheticImages(Dataset):
 
 
 def build_transforms(cfg: DataConfig, train: bool) -> v2.Compose:
-    """Random crop + flip for training when data.augment is on; plain resize otherwise.
+    """Training: a random crop and horizontal flip unless data.augment=none, then data.augment's policy
+    (TrivialAugmentWide, RandAugment, timm's); validation: a plain resize.
 
     The images stay uint8: scaling and normalising happen batched on the device (DeviceImages).
     """
+    augment = augment_name(cfg.augment) if train else "none"
     steps: list = [v2.ToImage()]
     if cfg.name == "imagefolder":
-        if train and cfg.augment:
+        if crops_and_flips(augment):
             steps.append(v2.RandomResizedCrop(cfg.image_size, scale=(0.35, 1.0), antialias=True))
         else:
             steps += [v2.Resize(cfg.image_size, antialias=True), v2.CenterCrop(cfg.image_size)]
     else:
         if cfg.name == "cifar10" and cfg.image_size != 32:  # so every split has the shape export traces
             steps.append(v2.Resize(cfg.image_size, antialias=True))
-        if train and cfg.augment:
+        if crops_and_flips(augment):
             steps.append(v2.RandomCrop(cfg.image_size, padding=cfg.image_size // 8, padding_mode="reflect"))
-    if train and cfg.augment:
+    if crops_and_flips(augment):
         steps.append(v2.RandomHorizontalFlip())
+    if (per_image := policy(augment, cfg.image_size)) is not None:
+        steps.append(per_image)
     return v2.Compose(steps)
 
 
@@ -93,9 +98,13 @@ class DeviceImages:
     of your own that normalises them) are moved unchanged.
     """
 
-    def __init__(self, device: torch.device, data_name: str | None = None, channels_last: bool = False):
+    def __init__(self, device: torch.device, data_name: str | None = None, channels_last: bool = False, stats=None):
         mean, std = MEAN_STD[data_name] if data_name else ((0.0,), (1.0,))  # None: only scale to [0, 1]
+        if stats is not None:  # data.mean and data.std where set (null: the data set's)
+            mean = stats[0] if stats[0] is not None else mean
+            std = stats[1] if stats[1] is not None else std
         self.device = device
+        self.stats = [float(m) for m in mean], [float(s) for s in std]  # on the 0-1 scale
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
         # Made once: a tensor built from Python numbers in the step would be a host-to-device copy.
         self.mean = torch.tensor(mean, device=device).mul(255).view(1, -1, 1, 1)
@@ -190,47 +199,68 @@ class SeededAugmentation(Dataset):
     A resumed run, another num_workers or another number of processes augments every sample of
     every epoch exactly as an uninterrupted run would. Items are fetched by (epoch, index) keys,
     which ResumableSampler yields.
+
+    With mixing on (mixup, cutmix, random erasing: augment.Mixing), an item also carries its key, for
+    the draws made on the device, and with mixup or cutmix its partner's image and label (the
+    partner as augmented in this epoch; the sample itself when it is not mixed).
     """
 
-    def __init__(self, dataset: Dataset, seed: int, augment: bool = True):
-        self.dataset, self.seed, self.augment = dataset, seed, augment
+    def __init__(self, dataset: Dataset, seed: int, augment: object = "flip_crop", mixing: Mixing | None = None):
+        self.dataset, self.seed = dataset, seed
+        self.augment = augment_name(augment) != "none"
+        self.mixing = mixing if mixing is not None and mixing.active else None
 
     def __len__(self):
         return len(self.dataset)
 
+    def augmented(self, epoch: int, index: int):
+        if not self.augment:  # data.augment=none: the transforms draw no random numbers
+            return self.dataset[index]
+        with seeded(self.seed, epoch, index, restore=get_worker_info() is None):
+            return self.dataset[index]
+
     def __getitem__(self, key: tuple[int, int]):
         epoch, index = key
-        if not self.augment:  # data.augment=false: the transforms draw no random numbers
-            return self.dataset[index]
-        # The CPU generator only: the transforms draw from it, and torch.manual_seed would also
-        # seed every CUDA device, which before CUDA starts records a stack trace (about 1 ms a sample).
-        seed = ((self.seed * 1_000_003 + epoch) * 1_000_000_007 + index) % 2**63
-        if get_worker_info() is not None:  # a worker's stream serves only these transforms
-            torch.default_generator.manual_seed(seed)
-            return self.dataset[index]
-        with torch.random.fork_rng(devices=[]):  # the training process's own stream stays untouched
-            torch.default_generator.manual_seed(seed)
-            return self.dataset[index]
+        image, target = self.augmented(epoch, index)
+        if self.mixing is None:
+            return image, target
+        if not self.mixing.mixes:
+            return image, target, (epoch, index)
+        other, mixed = partner(self.seed, epoch, torch.tensor([index]), len(self), self.mixing.prob)
+        other_image, other_target = self.augmented(epoch, int(other)) if mixed else (image, target)
+        return image, target, (epoch, index), other_image, other_target
 
     def __getitems__(self, keys: list[tuple[int, int]]) -> list:
         """A whole batch in one call (DataLoader fetches batches through it when it exists)."""
-        if not self.augment:
-            return [self.dataset[index] for _, index in keys]
         return [self[key] for key in keys]
 
 
 class DeviceImageSet:
     """A data set's images (uint8, N x C x H x W) and labels on the training device.
 
-    batch(epoch, indices) gathers a batch there. For training (an epoch given, data.augment on) each
-    image is cropped from its reflect-padded copy at an offset in [-padding, padding] and flipped
+    batch(epoch, indices) gathers a batch there. For training (an epoch given, data.augment not none)
+    each image is cropped from its reflect-padded copy at an offset in [-padding, padding] and flipped
     with probability 1/2, both drawn from sample_bits(seed, epoch, index): one gather for the whole
-    batch, the same crops for any number of processes and after a resume. The batch comes out in
-    channels_last layout (what the gather writes); DeviceImages turns it into the model's layout.
+    batch, the same crops for any number of processes and after a resume. A policy (data.augment=
+    trivial or randaugment) then runs image by image on the device, seeded per sample as in the
+    workers. The batch comes out in channels_last layout (what the gather writes); DeviceImages turns
+    it into the model's layout. With mixing on, a batch carries what SeededAugmentation's items carry.
     """
 
-    def __init__(self, images: torch.Tensor, targets: torch.Tensor, device: torch.device, *, seed=0, augment=False):
-        self.device, self.seed, self.augment = device, seed, augment
+    def __init__(
+        self,
+        images: torch.Tensor,
+        targets: torch.Tensor,
+        device: torch.device,
+        *,
+        seed: int = 0,
+        augment: object = "none",
+        mixing: Mixing | None = None,
+    ):
+        augment = augment_name(augment)
+        self.device, self.seed, self.augment = device, seed, crops_and_flips(augment)
+        self.policy = policy(augment, min(images.shape[-2:]))
+        self.mixing = mixing if mixing is not None and mixing.active else None
         self.images = images.to(device)
         self.targets = targets.to(device, torch.int64)
         height, width = images.shape[-2:]
@@ -245,10 +275,23 @@ class DeviceImageSet:
     def nbytes(self) -> int:
         return self.images.nbytes + self.targets.nbytes
 
-    def batch(self, epoch: int | None, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        targets = self.targets[indices]
-        if epoch is None or not self.augment or self.padding == 0:
-            return self.images[indices], targets
+    def batch(self, epoch: int | None, indices: torch.Tensor) -> tuple:
+        if epoch is None:
+            return self.images[indices], self.targets[indices]
+        batch = self.augmented(epoch, indices), self.targets[indices]
+        if self.mixing is None:
+            return batch
+        keys = (torch.full((len(indices),), epoch), indices)
+        if not self.mixing.mixes:
+            return *batch, keys
+        others, mixed = partner(self.seed, epoch, indices, len(self), self.mixing.prob)
+        others = torch.where(mixed, others, indices)
+        return *batch, keys, self.augmented(epoch, others), self.targets[others]
+
+    def augmented(self, epoch: int, indices: torch.Tensor) -> torch.Tensor:
+        """The images of indices as training sees them in epoch."""
+        if not self.augment or self.padding == 0:
+            return self.images[indices]
         bits = sample_bits(self.seed, epoch, indices)
         span = 2 * self.padding + 1
         dy = bits % span - self.padding
@@ -258,7 +301,12 @@ class DeviceImageSet:
         cols = _reflect(dx[:, None] + self.cols, len(self.cols))
         cols = torch.where(flip[:, None], cols.flip(1), cols)
         crops = self.images[indices[:, None, None], :, rows[:, :, None], cols[:, None, :]]  # B x H x W x C
-        return crops.permute(0, 3, 1, 2), targets
+        crops = crops.permute(0, 3, 1, 2)
+        if self.policy is not None:
+            for row, index in enumerate(indices.tolist()):  # one host sync a batch, then image by image
+                with seeded(self.seed, epoch, index):
+                    crops[row] = self.policy(crops[row])
+        return crops
 
 
 def _reflect(position: torch.Tensor, size: int) -> torch.Tensor:
@@ -272,7 +320,7 @@ def device_bytes(dataset: Dataset, cfg: DataConfig) -> int:
     return len(dataset) * (3 * cfg.image_size**2 + 8)
 
 
-def device_image_set(dataset: Dataset, cfg: DataConfig, device: torch.device, *, seed=0, augment=False):
+def device_image_set(dataset: Dataset, cfg: DataConfig, device: torch.device, **augmentation) -> DeviceImageSet:
     """A DeviceImageSet of dataset (the un-augmented images), decoding (once, then cached) where needed."""
     dataset = getattr(dataset, "dataset", dataset)  # SeededAugmentation's
     if isinstance(dataset, SyntheticImages):
@@ -281,7 +329,7 @@ def device_image_set(dataset: Dataset, cfg: DataConfig, device: torch.device, *,
         images, targets = torch.from_numpy(dataset.data).permute(0, 3, 1, 2), torch.tensor(dataset.targets)
     else:
         images, targets = decoded(dataset, cfg)
-    return DeviceImageSet(images, targets, device, seed=seed, augment=augment)
+    return DeviceImageSet(images, targets, device, **augmentation)
 
 
 def decoded(dataset, cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -7,6 +7,7 @@ Parallelism (DDP/FSDP) is applied in distributed.py, never here.
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import shutil
 from pathlib import Path
@@ -27,8 +28,9 @@ def group_norm(channels: int) -> nn.GroupNorm:
 
 
 def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
-    """A torchvision classifier with num_classes outputs, optionally from local weights and frozen."""
-    model = architecture(cfg, num_classes)
+    """The classifier with num_classes outputs, from a timm folder (model.init_from) or local weights
+    (model.pretrained), optionally frozen."""
+    model = from_folder(cfg, num_classes) if cfg.init_from else architecture(cfg, num_classes)
     if cfg.pretrained:
         load_pretrained(model, cfg.pretrained)
     if cfg.freeze_backbone:
@@ -85,6 +87,46 @@ def timm_model(name: str, num_classes: int, drop_path: float) -> nn.Module:
         raise ConfigError(f"model.drop_path={drop_path}: timm's {name} has no stochastic depth") from None
 
 
+def read_folder(path: str) -> dict:
+    """The config.json of a timm model folder (model.init_from: what timm.models.save_for_hf writes and the
+    hub's timm models hold, beside model.safetensors), checked: the architecture must be timm's."""
+    folder = Path(path)
+    where = f"model.init_from={path!r}"
+    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+        raise ConfigError(f"{where}: not a timm model folder (config.json and model.safetensors)")
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{where}: config.json cannot be read ({err})") from None
+    if not isinstance(config, dict) or "architecture" not in config:
+        found = config.get("architectures") if isinstance(config, dict) else None
+        kind = f"a transformers model ({', '.join(found)})" if found else "not timm's"
+        raise ConfigError(
+            f"{where}: its config.json is {kind}; model.init_from takes timm folders, whose config.json names an "
+            "architecture (timm/... models on the hub, or timm.models.save_for_hf)"
+        )
+    try:
+        import timm
+    except ImportError:
+        raise ConfigError(f"{where}: timm folders need timm ({TIMM_EXTRA})") from None
+    if not timm.is_model(config["architecture"]):
+        raise ConfigError(f"{where}: timm {timm.__version__} has no architecture {config['architecture']!r}")
+    return config
+
+
+def from_folder(cfg: ModelConfig, num_classes: int) -> nn.Module:
+    """The model of a timm folder with its weights, through timm's own loader (which adapts them as timm
+    does, e.g. a ViT's position embeddings): the classifier is a fresh one when num_classes differs."""
+    import timm
+
+    kwargs = {"drop_path_rate": cfg.drop_path} if cfg.drop_path else {}
+    try:
+        return timm.create_model(f"local-dir:{cfg.init_from}", pretrained=True, num_classes=num_classes, **kwargs)
+    except (RuntimeError, ValueError, OSError, KeyError) as err:  # weights that do not fit, a damaged file
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(f"model.init_from={cfg.init_from!r}: timm cannot load it ({reason})") from None
+
+
 def architecture(cfg: ModelConfig, num_classes: int) -> nn.Module:
     """The classifier's layers, with torchvision's (or timm's) initialisation (on the meta device:
     shapes only)."""
@@ -139,10 +181,11 @@ def freeze_backbone(model: nn.Module) -> None:
         param.requires_grad_(True)
 
 
-def write_timm_folder(model: nn.Module, name: str, folder: Path) -> None:
-    """export --format timm: config.json (the architecture, the classes, timm's preprocessing settings)
-    and model.safetensors, as timm.models.save_for_hf writes them: timm.create_model('local-dir:FOLDER')
-    loads the trained model, head included, and the hub takes the folder as it is."""
+def write_timm_folder(model: nn.Module, name: str, folder: Path, preprocessing: dict) -> None:
+    """export --format timm: config.json (the architecture, the classes, and as timm's preprocessing settings
+    the run's: preprocessing's input_size, mean and std) and model.safetensors, as timm.models.save_for_hf
+    writes them: timm.create_model('local-dir:FOLDER') loads the trained model, head included,
+    timm.data.resolve_data_config prepares images as training did, and the hub takes the folder as it is."""
     try:
         import timm
     except ImportError:
@@ -151,7 +194,10 @@ def write_timm_folder(model: nn.Module, name: str, folder: Path) -> None:
         raise ConfigError(f"export --format timm: model.name={name} is torchvision's; train a model.name=timm:NAME")
     staging = folder.with_name(f".{folder.name}.partial")  # the folder appears complete or not at all
     shutil.rmtree(staging, ignore_errors=True)
-    config = {"architecture": name.removeprefix(TIMM), "num_classes": classifier_head(model).out_features}
+    classes = classifier_head(model).out_features
+    settings = {**getattr(model, "pretrained_cfg", {}), **preprocessing, "num_classes": classes}
+    settings = {key: value for key, value in settings.items() if value is not None}
+    config = {"architecture": name.removeprefix(TIMM), "num_classes": classes, "pretrained_cfg": settings}
     timm.models.save_for_hf(model, str(staging), model_config=config, safe_serialization=True)
     if folder.exists():
         shutil.rmtree(folder)  # an earlier export of this run, written again

@@ -17,7 +17,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..engine import seam
 from ..engine.config import Config
+from ..engine.errors import ConfigError
 from ..engine.parallel import meta_init
+from .augment import POLICIES, TIMM_POLICY, Mixing, crops_and_flips, draws, mix, soft_cross_entropy, soft_targets
 from .data import DeviceImages, SeededAugmentation, build_datasets, device_bytes, device_image_set
 from .model import INIT_TYPES, architecture, build_model, classification_loss, init_module, write_timm_folder
 from .validation import evaluate_model
@@ -28,35 +30,49 @@ class Task(seam.Task):
 
     def __init__(self, cfg: Config, device: torch.device):
         super().__init__(cfg, device)
-        self.inputs = DeviceImages(device, cfg.data.name, cfg.model.channels_last)  # normalised on the device
+        stats = (cfg.data.mean, cfg.data.std)
+        self.inputs = DeviceImages(device, cfg.data.name, cfg.model.channels_last, stats)  # normalised on the device
         self.num_classes: int | None = None
+        self.mixing = Mixing.of(cfg.data)
 
     def datasets(self) -> tuple[Dataset, Dataset]:
         """The training set (by (epoch, index) keys, augmented per sample) and the validation set:
         uint8 images and integer labels."""
         train_set, val_set, self.num_classes = build_datasets(self.cfg.data)
-        return SeededAugmentation(train_set, self.cfg.run.seed, augment=self.cfg.data.augment), val_set
+        return SeededAugmentation(train_set, self.cfg.run.seed, self.cfg.data.augment, self.mixing), val_set
 
     def device_bytes(self, train_set: Dataset, val_set: Dataset) -> tuple[int, str | None]:
         """Bytes both sets take on the device (uint8 images), and what speaks against data.loader=auto
         choosing the device (None: nothing)."""
-        nbytes = device_bytes(train_set, self.cfg.data) + device_bytes(val_set, self.cfg.data)
-        if self.cfg.data.name == "imagefolder" and self.cfg.data.augment:
+        data = self.cfg.data
+        nbytes = device_bytes(train_set, data) + device_bytes(val_set, data)
+        if data.name == "imagefolder" and crops_and_flips(data.augment):
             return nbytes, "imagefolder trains on random resized crops, which the device loader does not make"
+        if data.augment.startswith(TIMM_POLICY):
+            return nbytes, f"data.augment={data.augment} is timm's, on PIL images, which only workers make"
+        if data.augment in POLICIES:
+            return nbytes, f"data.augment={data.augment} transforms image by image, which workers do in parallel"
         return nbytes, None
 
     def device_sets(self, train_set: Dataset, val_set: Dataset) -> tuple:
         """Both sets on the training device (data.loader=device): the training set augmented there."""
         data = self.cfg.data
-        train = device_image_set(train_set, data, self.device, seed=self.cfg.run.seed, augment=data.augment)
+        if data.augment.startswith(TIMM_POLICY):
+            raise ConfigError(
+                f"data.loader=device: data.augment={data.augment} is timm's RandAugment, which works on PIL images "
+                "in DataLoader workers; use data.loader=workers (or data.augment=randaugment, torchvision's)"
+            )
+        augmentation = dict(seed=self.cfg.run.seed, augment=data.augment, mixing=self.mixing)
+        train = device_image_set(train_set, data, self.device, **augmentation)
         return train, device_image_set(val_set, data, self.device)
 
     def build_model(self, device: torch.device | None = None, shard: Callable | None = None) -> nn.Module:
         """The classifier for the data's classes on `device` (default CPU) in the training memory
         format, initialised from run.seed; shard(model) (FSDP) is applied on the meta device, before
-        any weight exists (meta_init.py). Pretrained weights load into the whole model first."""
+        any weight exists (meta_init.py). Pretrained weights (a file or a timm folder) load into the whole model
+        first."""
         device = device or torch.device("cpu")
-        if self.cfg.model.pretrained:
+        if self.cfg.model.pretrained or self.cfg.model.init_from:
             model = build_model(self.cfg.model, self.num_classes).to(device, memory_format=self.inputs.memory_format)
             return shard(model) if shard else model
         model, _ = meta_init.build(
@@ -70,11 +86,24 @@ class Task(seam.Task):
         return model
 
     def loss(self, model: nn.Module, batch) -> tuple[torch.Tensor, int]:
-        """Mean cross-entropy of one micro-batch (with model.label_smoothing) and its number of samples."""
-        images, targets = batch
+        """Mean cross-entropy of one micro-batch (with model.label_smoothing) and its number of samples;
+        with mixup, cutmix or random erasing, the batch is mixed here, on the device, and the loss is
+        the cross-entropy against the mixed labels."""
+        images, targets, *mixing = batch
         images = self.inputs(images)
         targets = targets.to(self.device, non_blocking=True)  # the whole batch moves, not just inputs
-        return classification_loss(model(images), targets, self.cfg.model.label_smoothing), len(targets)
+        smoothing = self.cfg.model.label_smoothing
+        if not mixing:
+            return classification_loss(model(images), targets, smoothing), len(targets)
+        (epochs, indices), *others = mixing
+        epoch = int(epochs[0])  # on the host: a batch never spans two epochs
+        drawn = draws(self.mixing, self.cfg.run.seed, epoch, indices.to(self.device), *images.shape[-2:])
+        partners, partner_targets = images, targets  # random erasing alone mixes nothing
+        if others:
+            partners, partner_targets = self.inputs(others[0]), others[1].to(self.device, non_blocking=True)
+        logits = model(mix(images, partners, drawn))
+        soft = soft_targets(targets, partner_targets, drawn["lam"], logits.shape[-1], smoothing)
+        return soft_cross_entropy(logits, soft), len(targets)
 
     def validate(self, model: nn.Module, loader: DataLoader) -> dict:
         """val/loss, val/acc and val/samples over the whole validation set."""
@@ -94,7 +123,9 @@ class Task(seam.Task):
     def export_as(self, fmt: str, model: nn.Module, folder: Path) -> Path:
         """export --format timm: config.json and model.safetensors in folder/timm."""
         out = Path(folder) / fmt
-        write_timm_folder(model, self.cfg.model.name, out)
+        size, (mean, std) = self.cfg.data.image_size, self.inputs.stats
+        preprocessing = {"input_size": [3, size, size], "mean": mean, "std": std, "crop_pct": 1.0}
+        write_timm_folder(model, self.cfg.model.name, out, preprocessing)
         return out
 
     def export_example(self) -> tuple[tuple, tuple]:
