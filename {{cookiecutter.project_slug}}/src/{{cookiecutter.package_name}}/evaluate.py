@@ -14,7 +14,9 @@ Prints the metrics as JSON (`step` is null for weights saved without training pr
 writes them to <output_dir>/eval.json, where output_dir is run.output_dir as given on the command
 line (an override or a --config file) or, for --checkpoint PATH alone, the folder beside it: the
 run directory for a run's checkpoints/step_N.pt (so a run's eval.json sits next to its
-metrics.jsonl, as with run.output_dir), else the checkpoint's own folder.
+metrics.jsonl, as with run.output_dir), else the checkpoint's own folder. The task may add
+reports (Task.evaluate), written to <output_dir>/eval/ and listed under "reports", and switches of
+its own (TaskSpec.evaluate_flags, e.g. the image task's --tta).
 
 Errors are one `error: ...` line on stderr: exit 2 for bad input (configuration, data,
 checkpoint), 1 when an output cannot be written or CUDA runs out of memory (engine/cli.py).
@@ -38,8 +40,9 @@ from .engine.parallel import distributed
 from .task.config import SPEC
 
 
-def evaluate_checkpoint(cfg: Config, path: Path, state: dict) -> tuple[dict, bool]:
-    """The validation metrics of a checkpoint (on every process), and whether this is the main process."""
+def evaluate_checkpoint(cfg: Config, path: Path, state: dict, flags: set[str] = frozenset()) -> tuple[dict, dict, bool]:
+    """The validation metrics of a checkpoint (on every process), the task's reports (Task.evaluate: file
+    name -> writer) and whether this is the main process."""
     from .task.task import Task  # here, not above: it brings the task's libraries, which --help does without
 
     env = distributed.setup(cfg.run, cfg.distributed)
@@ -51,7 +54,7 @@ def evaluate_checkpoint(cfg: Config, path: Path, state: dict) -> tuple[dict, boo
         try:
             model = task.build_model(env.device)
             load_model_weights(model, state, path, task.frozen_weights())
-            return task.validate(model, val_loader), env.is_main
+            return (*task.evaluate(model, val_loader, flags), env.is_main)
         finally:
             shut_down_workers(val_loader)
     finally:
@@ -64,13 +67,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _evaluate(argv: list[str]) -> int:
-    cfg, path, state = restore_trained(SPEC, argv, f"{PACKAGE}.evaluate")
+    flags = {arg for arg in argv if arg in SPEC.evaluate_flags}
+    cfg, path, state = restore_trained(SPEC, [arg for arg in argv if arg not in flags], f"{PACKAGE}.evaluate")
     try:
-        metrics, is_main = evaluate_checkpoint(cfg, path, state)
+        metrics, reports, is_main = evaluate_checkpoint(cfg, path, state, flags)
     except torch.OutOfMemoryError:
         raise OutOfMemory(f"CUDA out of memory; lower data.batch_size (now {cfg.data.batch_size})") from None
     if is_main:
-        text = json.dumps({"checkpoint": str(path), "step": trained_step(state), **metrics}, indent=2)
+        written = []
+        for name, write in reports.items():  # before eval.json, which lists them
+            report = Path(cfg.run.output_dir) / "eval" / name
+            with writing(report):
+                atomic_write(report, write)
+            written.append(str(report))
+        result = {"checkpoint": str(path), "step": trained_step(state), **metrics}
+        text = json.dumps({**result, "reports": written} if written else result, indent=2)
         print(text)
         eval_json = Path(cfg.run.output_dir) / "eval.json"
         with writing(eval_json):

@@ -227,7 +227,7 @@ class Run:
         seed_everything(cfg.run.seed + env.rank)  # per-rank streams (e.g. dropout); augmentation is seeded per sample
         if cfg.model.compile:
             model = torch.compile(model)
-        optimizer = build_optimizer(model, cfg.optim)
+        optimizer = build_optimizer(model, cfg.optim, task.param_settings(model, cfg.optim.layer_decay))
         schedule = partial(
             warmup_cosine, warmup=cfg.optim.warmup_steps, total=plan.total_steps, min_ratio=cfg.optim.min_lr_ratio
         )

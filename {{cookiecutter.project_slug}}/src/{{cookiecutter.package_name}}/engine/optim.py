@@ -23,32 +23,46 @@ def check_finite(name: str, loss: float, step: int, precision: str) -> None:
         raise Diverged(f"{name} is {loss} at step {step}; {hint}{REMEDIES}")
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+def build_optimizer(model: nn.Module, cfg: OptimConfig, settings: dict | None = None) -> torch.optim.AdamW:
     """AdamW over trainable parameters only; biases and norm weights get no weight decay.
 
+    settings (the task's Task.param_settings): {parameter: (lr_scale, decays)} for parameters that differ
+    from the default (1.0, whether it is a matrix), e.g. a layer-wise learning-rate decay. One parameter
+    group per (lr_scale, decays), each with its rate optim.lr x lr_scale; the first two are always the
+    full rate's, with and without decay (what every run without such settings has).
     fused=True: one kernel for the whole update (CPU and CUDA), markedly faster than the loop.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
-    decayed, other = group_settings(cfg)
-    groups = [
-        {"params": [p for p in params if p.ndim > 1], **decayed},
-        {"params": [p for p in params if p.ndim <= 1], **other},
-    ]
+    settings = settings or {}
+    grouped: dict[tuple[float, bool], list] = {(1.0, True): [], (1.0, False): []}
+    for param in model.parameters():
+        if param.requires_grad:
+            grouped.setdefault(settings.get(param, (1.0, param.ndim > 1)), []).append(param)
+    order = sorted(grouped, key=lambda key: (key != (1.0, True), key != (1.0, False), not key[1], -key[0]))
+    groups = [{"params": grouped[key], **group_settings(cfg, *key)} for key in order]
     return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)
 
 
-def group_settings(cfg: OptimConfig) -> tuple[dict, dict]:
-    """The settings of build_optimizer's two parameter groups: matrices decay, biases and norms do not."""
+def group_settings(cfg: OptimConfig, lr_scale: float, decays: bool) -> dict:
+    """A parameter group's settings: its rate, weight decay (none for biases and norms) and betas."""
     betas = (float(cfg.betas[0]), float(cfg.betas[1]))
-    return {"weight_decay": cfg.weight_decay, "betas": betas}, {"weight_decay": 0.0, "betas": betas}
+    weight_decay = cfg.weight_decay if decays else 0.0
+    return {
+        "lr": cfg.lr * lr_scale,
+        "lr_scale": lr_scale,
+        "decays": decays,
+        "weight_decay": weight_decay,
+        "betas": betas,
+    }
 
 
 def apply_optim_config(optimizer: torch.optim.Optimizer, scheduler, cfg: OptimConfig) -> None:
     """A resumed run with trainer.override_optim=true: the restored optimizer and scheduler take
-    cfg's learning rate, weight decay and betas (its moments and step count are kept)."""
-    for group, settings in zip(optimizer.param_groups, group_settings(cfg), strict=True):
-        group.update(settings, initial_lr=cfg.lr)
-    scheduler.base_lrs = [cfg.lr for _ in optimizer.param_groups]
+    cfg's learning rate, weight decay and betas (its moments and step count are kept). Groups saved
+    before they recorded their scale and decay are the two of that time: with and without decay."""
+    for index, group in enumerate(optimizer.param_groups):
+        settings = group_settings(cfg, group.get("lr_scale", 1.0), group.get("decays", index == 0))
+        group.update(settings, initial_lr=settings["lr"])
+    scheduler.base_lrs = [group["initial_lr"] for group in optimizer.param_groups]
     refresh_learning_rate(scheduler)
 
 

@@ -77,7 +77,7 @@ OPTIM_KEYS = (
 # set aside by checkpoint.set_aside_later_checkpoints).
 RUN_FILES = (
     "metrics.jsonl", "config.yaml", "run_info.json", "best.safetensors", "best.json", "wandb_run_id", "tensorboard",
-    "mlflow_run_id", "profile", "eval.json", "export",
+    "mlflow_run_id", "profile", "eval.json", "eval", "export",
 )  # fmt: skip
 
 

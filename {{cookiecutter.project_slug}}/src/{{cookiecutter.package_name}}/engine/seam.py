@@ -96,6 +96,8 @@ class TaskSpec:
     """What else to try when even data.batch_size=1 runs out of memory (names task keys)."""
     plot_panel: tuple[str, tuple[tuple[str, str], ...]] = ("Validation", ())
     """PACKAGE.plot's validation panel: (y label, ((metrics.jsonl key, line label), ...))."""
+    evaluate_flags: dict[str, str] = field(default_factory=dict)
+    """The evaluate command's own switches of this task ({"--tta": "what it does"}), handed to Task.evaluate."""
 
     def __post_init__(self):
         if self.monitor not in self.metrics:
@@ -159,6 +161,14 @@ class Task(abc.ABC):
         """Both sets on the training device (data.loader=device), each with .batch(epoch, indices)."""
         raise ConfigError("data.loader=device: this task's data does not go on the device; use data.loader=workers")
 
+    def param_settings(self, model: nn.Module, layer_decay: float) -> dict:
+        """{parameter: (lr_scale, decays)} for the trainable parameters of the built (wrapped) model whose
+        learning-rate scale or weight decay differ from the default (1.0; decay for matrices, none for
+        biases and norms). optim.layer_decay below 1 needs a task that can order its model's layers."""
+        if layer_decay != 1.0:
+            raise ConfigError(f"optim.layer_decay={layer_decay}: this task cannot order its model's layers; use 1")
+        return {}
+
     def frozen_weights(self) -> dict | None:
         """After build_model: what identifies its frozen parameters (adapters over a frozen base), or None (the
         default) when every parameter trains. A dict {"config": {dotted key: value} that rebuilds them,
@@ -166,6 +176,11 @@ class Task(abc.ABC):
         only, with this entry: a resume, evaluate or export builds the base again from those keys (unless the
         command line names others) and refuses one whose hash differs."""
         return None
+
+    def evaluate(self, model: nn.Module, loader, flags: set[str]) -> tuple[dict, dict[str, Callable[[Path], None]]]:
+        """The evaluate command's metrics (by default validate's) and its reports: {file name: write(path)},
+        written by the main process into RUN/eval/. flags: the TaskSpec.evaluate_flags given."""
+        return self.validate(model, loader), {}
 
     def summary(self, metrics: dict) -> str:
         """The log line after a validation."""

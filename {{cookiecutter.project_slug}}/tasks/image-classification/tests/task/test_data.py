@@ -157,6 +157,27 @@ def test_imagefolder_reads_train_and_val(tmp_path):
     assert val_set[0][0].shape == (3, 16, 16)
 
 
+def test_validation_images_take_their_own_size_after_a_resize_with_margin(tmp_path):
+    """FixRes: training crops of data.image_size, validation images of data.val_image_size, imagefolder's
+    validation cut from the centre of the image resized to data.val_resize; the device holds the same."""
+    _write_imagefolder(tmp_path)
+    cfg = small(name="imagefolder", root=str(tmp_path), val_image_size=12, val_resize=18, augment="none")
+    train_set, val_set, _ = build_datasets(cfg)
+    assert train_set[0][0].shape == (3, 16, 16)
+    original = v2.functional.pil_to_tensor(Image.open(val_set.samples[0][0]).convert("RGB"))
+    expected = v2.functional.center_crop(v2.functional.resize(original, 18, antialias=True), [12, 12])
+    assert torch.equal(val_set[0][0], expected)
+    on_device = device_image_set(val_set, cfg, torch.device("cpu"), 12, 18)
+    assert torch.equal(on_device.images[0], expected)
+    assert (tmp_path / "val" / ".decoded-val-12px-18.pt").is_file()
+
+    cfg = small(val_image_size=24)
+    _, val_set, _ = build_datasets(cfg)
+    assert val_set[0][0].shape == (3, 24, 24)
+    on_device = device_image_set(val_set, cfg, torch.device("cpu"), 24)
+    assert torch.equal(on_device.images[0], val_set[0][0])
+
+
 def test_imagefolder_class_mismatch_is_refused(tmp_path):
     """train/ and val/ with different class folders is a configuration error."""
     _write_imagefolder(tmp_path)
@@ -357,7 +378,7 @@ def test_device_sets_hold_the_decoded_images_and_cache_imagefolder_decoding(tmp_
     (a changed file decodes again)."""
     cfg = small()
     train_set, _, _ = build_datasets(cfg)
-    assert torch.equal(device_image_set(train_set, cfg, torch.device("cpu")).images, train_set.images)
+    assert torch.equal(device_image_set(train_set, cfg, torch.device("cpu"), 16).images, train_set.images)
     for split in ("train", "val"):
         for label in ("a", "b"):
             (tmp_path / split / label).mkdir(parents=True)
@@ -367,16 +388,16 @@ def test_device_sets_hold_the_decoded_images_and_cache_imagefolder_decoding(tmp_
     cfg = small(name="imagefolder", root=str(tmp_path), image_size=16)
     _, val_set, _ = build_datasets(cfg)
     with caplog.at_level("INFO"):
-        first = device_image_set(val_set, cfg, torch.device("cpu"))
+        first = device_image_set(val_set, cfg, torch.device("cpu"), 16)
     assert "decoding 6 images" in caplog.text and (tmp_path / "val" / ".decoded-val-16px.pt").is_file()
     resize = build_transforms(cfg, train=False)
     expected = torch.stack([resize(Image.open(path).convert("RGB")) for path, _ in val_set.samples])
     assert torch.equal(first.images, expected) and first.targets.tolist() == [0, 0, 0, 1, 1, 1]
     caplog.clear()
     with caplog.at_level("INFO"):
-        again = device_image_set(val_set, cfg, torch.device("cpu"))
+        again = device_image_set(val_set, cfg, torch.device("cpu"), 16)
     assert "decoding" not in caplog.text and torch.equal(again.images, first.images)
     Image.new("RGB", (20, 24), (1, 2, 3)).save(tmp_path / "val" / "a" / "0.png")
     with caplog.at_level("INFO"):
-        changed = device_image_set(val_set, cfg, torch.device("cpu"))
+        changed = device_image_set(val_set, cfg, torch.device("cpu"), 16)
     assert "decoding 6 images" in caplog.text and not torch.equal(changed.images, first.images)

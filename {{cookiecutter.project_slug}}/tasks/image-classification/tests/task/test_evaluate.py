@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import SafetensorError
+from torch.nn import functional as F
 from torchvision import datasets
 
 from {{ cookiecutter.package_name }}.engine.ckpt import checkpoint as checkpoint_module
@@ -17,6 +18,7 @@ from {{ cookiecutter.package_name }}.engine.config import config_class
 from {{ cookiecutter.package_name }}.evaluate import main as evaluate_main
 from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.task.config import SPEC
+from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main as train_main
 
 from conftest import TINY
@@ -196,3 +198,36 @@ def test_a_full_disk_during_export_exits_1_with_one_line(target, error, file, tr
     assert export_main(["--checkpoint", str(path)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and file in err[0] and ("disk" in err[0] or "No space" in err[0]), err
+
+
+def test_evaluate_reports_top5_a_confusion_matrix_per_class_accuracy_and_mirror_image_tta(trained, tmp_path, capsys):
+    """evaluate --tta: val/acc and val/loss are those of each image's and its mirror image's mean class
+    probabilities; val/top5 counts the class among the 5 likeliest; eval/confusion.json's matrix counts
+    every sample once with val/acc on its diagonal and each class's accuracy beside it, their mean is
+    val/balanced_acc; eval/confusion.png is drawn."""
+    out = tmp_path / "out"
+    assert evaluate_main(["--checkpoint", str(trained), f"run.output_dir={out}", "data.num_workers=0", "--tta"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    report = json.loads((out / "eval" / "confusion.json").read_text())
+    matrix = torch.tensor(report["matrix"])
+    assert matrix.sum() == result["val/samples"] == 101 and result["tta"] is True
+    assert matrix.diag().sum().item() / 101 == pytest.approx(result["val/acc"])
+    accuracies = [report["per_class"][name]["accuracy"] for name in report["classes"]]
+    assert accuracies == [matrix[i, i].item() / matrix[i].sum().item() for i in range(10)]
+    assert result["val/balanced_acc"] == pytest.approx(sum(accuracies) / 10)
+    assert (out / "eval" / "confusion.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result["reports"] == [str(out / "eval" / "confusion.json"), str(out / "eval" / "confusion.png")]
+
+    cfg, _, state = restore_trained(SPEC, ["--checkpoint", str(trained)], "evaluate")
+    task = Task(cfg, torch.device("cpu"))
+    _, val_set = task.datasets()
+    model = task.build_model().eval()
+    model.load_state_dict(state["model"])
+    images = task.inputs(torch.stack([image for image, _ in val_set]))
+    targets = torch.tensor([target for _, target in val_set])
+    with torch.no_grad():
+        probabilities = (model(images).softmax(-1) + model(images.flip(-1)).softmax(-1)) / 2
+    assert result["val/acc"] == pytest.approx((probabilities.argmax(-1) == targets).double().mean().item())
+    assert result["val/loss"] == pytest.approx(F.nll_loss(probabilities.log(), targets).item(), rel=1e-5)
+    top5 = (probabilities.topk(5).indices == targets[:, None]).any(-1).double().mean().item()
+    assert result["val/top5"] == pytest.approx(top5)

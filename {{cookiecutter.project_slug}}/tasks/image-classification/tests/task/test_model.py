@@ -154,3 +154,33 @@ def test_a_folder_timm_cannot_build_is_refused_in_one_line(config, error, tiny, 
     assert main([*tiny, f"model.init_from={folder}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and error in err[0], err
+
+
+def test_layer_decay_slows_each_layer_below_the_head_and_spares_norms_biases_and_embeddings(tiny):
+    """optim.layer_decay=0.5 on timm's test ViT (6 blocks): the head trains at optim.lr, block i at
+    0.5 ** (6 - i) of it, the patch embedding at 0.5 ** 7; biases, norms, the position embedding and the
+    class token get no weight decay; the schedule scales every group alike. A torchvision model is refused."""
+    cfg = load_config(SPEC, [], [*tiny, "model.name=timm:test_vit", "optim.layer_decay=0.5"])
+    task = Task(cfg, torch.device("cpu"))
+    task.datasets()
+    model = task.build_model()
+    optimizer = build_optimizer(model, cfg.optim, task.param_settings(model, 0.5))
+    groups = optimizer.param_groups
+    settings = {id(p): (group["lr"], group["weight_decay"]) for group in groups for p in group["params"]}
+    named = dict(model.named_parameters())
+    lr, decay = cfg.optim.lr, cfg.optim.weight_decay
+    assert settings[id(named["head.weight"])] == (lr, decay)
+    assert settings[id(named["head.bias"])] == (lr, 0.0)
+    for block in range(6):
+        assert settings[id(named[f"blocks.{block}.attn.qkv.weight"])] == pytest.approx((lr * 0.5 ** (6 - block), decay))
+        assert settings[id(named[f"blocks.{block}.norm1.weight"])] == pytest.approx((lr * 0.5 ** (6 - block), 0.0))
+    for embedding in ("patch_embed.proj.weight", "pos_embed", "cls_token"):
+        assert settings[id(named[embedding])][0] == pytest.approx(lr * 0.5**7)
+    assert settings[id(named["pos_embed"])][1] == settings[id(named["cls_token"])][1] == 0.0
+    assert len(settings) == len(named)
+
+    torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.1)
+    assert all(group["lr"] == pytest.approx(0.1 * group["initial_lr"]) for group in optimizer.param_groups)
+    assert len({round(group["lr"] / group["lr_scale"], 12) for group in optimizer.param_groups}) == 1
+    with pytest.raises(ConfigError, match="optim.layer_decay=0.5: torchvision's resnet18 does not say how its layers"):
+        load_config(SPEC, [], [*tiny, "optim.layer_decay=0.5"])

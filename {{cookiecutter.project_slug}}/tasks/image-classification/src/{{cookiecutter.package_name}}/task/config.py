@@ -7,6 +7,7 @@ merges the sections in beside the shared ones (run, optim, trainer, tracker, dis
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,6 +55,12 @@ class DataConfig(DataBase):
     image_size: int | None = None
     """Side of the square images, in pixels (synthetic images are made at this size; cifar10 and imagefolder resize);
     null: the input size of model.init_from's folder, else 32."""
+    val_image_size: int | None = None
+    """Side of the validation images (the model's input in evaluate and export); null: data.image_size. Training on
+    smaller crops than it validates on pays (FixRes; torchvision's 2021 recipe: 176 in training, 224 here)."""
+    val_resize: int | None = None
+    """imagefolder validation: the shorter side is resized to this, then the centre data.val_image_size is cut;
+    null: model.init_from's crop_pct, else data.val_image_size (no margin). torchvision's recipe: 232 for 224."""
     mean: list[float] | None = None
     """Per-channel mean (0-1 scale) images are normalised with; null: model.init_from's, else the data set's."""
     std: list[float] | None = None
@@ -112,8 +119,22 @@ def validate(cfg: Config) -> None:
             f"model.drop_path={cfg.model.drop_path} applies to timm models (model.name=timm:NAME), "
             f"not to torchvision's {cfg.model.name}"
         )
+    if cfg.optim.layer_decay != 1.0 and not cfg.model.name.startswith("timm:"):
+        raise ConfigError(
+            f"optim.layer_decay={cfg.optim.layer_decay}: torchvision's {cfg.model.name} does not say how its layers "
+            "are ordered; use a timm model (model.name=timm:NAME or model.init_from), whose layers timm orders"
+        )
     if data.image_size is None:
         data.image_size = 32
+    if data.val_image_size is None:
+        data.val_image_size = data.image_size
+    if data.val_resize is None:
+        data.val_resize = data.val_image_size
+    if data.val_resize < data.val_image_size:
+        raise ConfigError(
+            f"data.val_resize={data.val_resize} is smaller than data.val_image_size={data.val_image_size}: "
+            "the centre crop must fit in the resized image"
+        )
     for key in ("mean", "std"):
         if getattr(data, key) is not None and len(getattr(data, key)) != 3:
             raise ConfigError(f"data.{key}={list(getattr(data, key))} must give 3 numbers, one per colour channel")
@@ -160,6 +181,10 @@ def from_init_folder(cfg: Config) -> None:
     if cfg.data.image_size is None and size:
         cfg.data.image_size = int(size[-1])
         taken.append(f"data.image_size={cfg.data.image_size}")
+    crop = pretrained.get("crop_pct")
+    if cfg.data.val_resize is None and crop and cfg.data.image_size:  # timm's evaluation: size / crop_pct
+        cfg.data.val_resize = int(math.floor((cfg.data.val_image_size or cfg.data.image_size) / crop))
+        taken.append(f"data.val_resize={cfg.data.val_resize}")
     for key in ("mean", "std"):
         if getattr(cfg.data, key) is None and pretrained.get(key):
             setattr(cfg.data, key, [float(v) for v in pretrained[key]])
@@ -170,17 +195,20 @@ def from_init_folder(cfg: Config) -> None:
 SPEC = TaskSpec(
     data=DataConfig,
     model=ModelConfig,
-    metrics={"val/loss": "min", "val/acc": "max"},
+    metrics={"val/loss": "min", "val/acc": "max", "val/top5": "max"},
     monitor="val/acc",
     validate=validate,
     choices={"data.name": ("synthetic", "cifar10", "imagefolder"), "model.norm": ("batch", "group")},
-    at_least_one=("data.image_size", "data.num_classes", "data.train_size", "data.val_size"),
+    at_least_one=("data.image_size", "data.val_image_size", "data.num_classes", "data.train_size", "data.val_size"),
     # What a checkpoint's stored config sets in evaluate and export: what rebuilds the model and the
     # data it was trained on. Nothing that names a place (data.root, model.pretrained) comes from a
     # file that may have been written elsewhere.
     from_checkpoint={
         "model": ("name", "norm", "small_input", "channels_last"),
-        "data": ("name", "image_size", "mean", "std", "num_classes", "train_size", "val_size"),
+        "data": (
+            *("name", "image_size", "val_image_size", "val_resize", "mean", "std"),
+            *("num_classes", "train_size", "val_size"),
+        ),
         "trainer": ("precision",),
     },
     # Training-only settings of a --config file (a pretrained file) may be gone where evaluate runs.
@@ -193,5 +221,6 @@ SPEC = TaskSpec(
         "model.channels_last",  # the same numbers in another memory layout
     ),
     memory_hint="a smaller data.image_size or model.name",
-    plot_panel=("top-1 accuracy", (("val/acc", "val acc"),)),
+    plot_panel=("accuracy", (("val/acc", "val top-1"), ("val/top5", "val top-5"))),
+    evaluate_flags={"--tta": "test-time augmentation: each image's prediction averages it and its mirror image"},
 )

@@ -4,7 +4,8 @@ normalisation on the device. The loaders that split them across processes are in
 With data.loader=device a whole set lives on the training device as one uint8 tensor
 (DeviceImageSet): training batches are cropped (reflect padding) and flipped there as a whole,
 drawn per (seed, epoch, sample). ImageFolder's images (and CIFAR-10's at another size) are decoded
-once, resized and centre-cropped to data.image_size, and cached beside the data.
+once, resized and centre-cropped (the training set to data.image_size, the validation set to
+data.val_image_size), and cached beside the data.
 """
 
 from __future__ import annotations
@@ -67,26 +68,37 @@ class SyntheticImages(Dataset):
 
 def build_transforms(cfg: DataConfig, train: bool) -> v2.Compose:
     """Training: a random crop and horizontal flip unless data.augment=none, then data.augment's policy
-    (TrivialAugmentWide, RandAugment, timm's); validation: a plain resize.
+    (TrivialAugmentWide, RandAugment, timm's); validation: a plain resize to data.val_image_size
+    (imagefolder: the shorter side to data.val_resize, then the centre crop).
 
     The images stay uint8: scaling and normalising happen batched on the device (DeviceImages).
     """
-    augment = augment_name(cfg.augment) if train else "none"
+    if not train:
+        return plain_transforms(cfg, cfg.val_image_size or cfg.image_size, cfg.val_resize)
+    augment = augment_name(cfg.augment)
+    if not crops_and_flips(augment):
+        return plain_transforms(cfg, cfg.image_size)
     steps: list = [v2.ToImage()]
     if cfg.name == "imagefolder":
-        if crops_and_flips(augment):
-            steps.append(v2.RandomResizedCrop(cfg.image_size, scale=(0.35, 1.0), antialias=True))
-        else:
-            steps += [v2.Resize(cfg.image_size, antialias=True), v2.CenterCrop(cfg.image_size)]
+        steps.append(v2.RandomResizedCrop(cfg.image_size, scale=(0.35, 1.0), antialias=True))
     else:
-        if cfg.name == "cifar10" and cfg.image_size != 32:  # so every split has the shape export traces
+        if cfg.name == "cifar10" and cfg.image_size != 32:
             steps.append(v2.Resize(cfg.image_size, antialias=True))
-        if crops_and_flips(augment):
-            steps.append(v2.RandomCrop(cfg.image_size, padding=cfg.image_size // 8, padding_mode="reflect"))
-    if crops_and_flips(augment):
-        steps.append(v2.RandomHorizontalFlip())
+        steps.append(v2.RandomCrop(cfg.image_size, padding=cfg.image_size // 8, padding_mode="reflect"))
+    steps.append(v2.RandomHorizontalFlip())
     if (per_image := policy(augment, cfg.image_size)) is not None:
         steps.append(per_image)
+    return v2.Compose(steps)
+
+
+def plain_transforms(cfg: DataConfig, size: int, resize: int | None = None) -> v2.Compose:
+    """Images of side size without a random draw: imagefolder's shorter side resized to resize (default size)
+    and the centre cropped; CIFAR-10's and the synthetic images (made at data.image_size) resized."""
+    steps: list = [v2.ToImage()]
+    if cfg.name == "imagefolder":
+        steps += [v2.Resize(resize or size, antialias=True), v2.CenterCrop(size)]
+    elif size != {"cifar10": 32}.get(cfg.name, cfg.image_size):
+        steps.append(v2.Resize(size, antialias=True))
     return v2.Compose(steps)
 
 
@@ -315,37 +327,43 @@ def _reflect(position: torch.Tensor, size: int) -> torch.Tensor:
     return torch.where(position >= size, 2 * (size - 1) - position, position)
 
 
-def device_bytes(dataset: Dataset, cfg: DataConfig) -> int:
-    """What a data set takes as a DeviceImageSet: uint8 images of data.image_size and int64 labels."""
-    return len(dataset) * (3 * cfg.image_size**2 + 8)
+def device_bytes(dataset: Dataset, size: int) -> int:
+    """What a data set takes as a DeviceImageSet: uint8 images of side size and int64 labels."""
+    return len(dataset) * (3 * size**2 + 8)
 
 
-def device_image_set(dataset: Dataset, cfg: DataConfig, device: torch.device, **augmentation) -> DeviceImageSet:
-    """A DeviceImageSet of dataset (the un-augmented images), decoding (once, then cached) where needed."""
+def device_image_set(
+    dataset: Dataset, cfg: DataConfig, device: torch.device, size: int, resize: int | None = None, **augmentation
+) -> DeviceImageSet:
+    """A DeviceImageSet of dataset (the un-augmented images) at side size (imagefolder: the centre crop of
+    the shorter side resized to resize), decoding (once, then cached) where needed."""
     dataset = getattr(dataset, "dataset", dataset)  # SeededAugmentation's
     if isinstance(dataset, SyntheticImages):
         images, targets = dataset.images, dataset.targets
-    elif isinstance(dataset, datasets.CIFAR10) and cfg.image_size == 32:
+        if images.shape[-1] != size:
+            images = v2.functional.resize(images, [size, size], antialias=True)
+    elif isinstance(dataset, datasets.CIFAR10) and size == 32:
         images, targets = torch.from_numpy(dataset.data).permute(0, 3, 1, 2), torch.tensor(dataset.targets)
     else:
-        images, targets = decoded(dataset, cfg)
+        images, targets = decoded(dataset, cfg, size, resize or size)
     return DeviceImageSet(images, targets, device, **augmentation)
 
 
-def decoded(dataset, cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every image of an ImageFolder (or CIFAR-10 at another size) decoded, resized and centre-cropped
-    to data.image_size, as uint8 N x 3 x S x S, with its labels.
+def decoded(dataset, cfg: DataConfig, size: int, resize: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every image of an ImageFolder (or CIFAR-10 at another size) decoded, its shorter side resized to
+    resize and the centre size x size cropped, as uint8 N x 3 x size x size, with its labels.
 
-    The result is cached in the data's folder (`.decoded-<split>-<S>px.pt`, keyed by the files'
-    names, sizes and times), so the next run skips decoding; a folder that cannot be written to
+    The result is cached in the data's folder (`.decoded-<split>-<size>px[-<resize>].pt`, keyed by the
+    files' names, sizes and times), so the next run skips decoding; a folder that cannot be written to
     only costs the decoding again."""
     files = [path for path, _ in getattr(dataset, "samples", [])]
     split = Path(dataset.root).name if files else ("train" if dataset.train else "val")
-    key = hashlib.sha256(f"{cfg.image_size} {len(dataset)}".encode())
+    key = hashlib.sha256(f"{size} {resize} {len(dataset)}".encode())
     for path in files:
         stat = os.stat(path)
         key.update(f"{path} {stat.st_size} {stat.st_mtime_ns}".encode())
-    cache = Path(dataset.root) / f".decoded-{split}-{cfg.image_size}px.pt"
+    name = f"{size}px" if resize == size else f"{size}px-{resize}"
+    cache = Path(dataset.root) / f".decoded-{split}-{name}.pt"
     if cache.is_file():
         try:
             stored = torch.load(cache, weights_only=True)
@@ -354,7 +372,7 @@ def decoded(dataset, cfg: DataConfig) -> tuple[torch.Tensor, torch.Tensor]:
         except Exception as err:  # a damaged cache is decoded again, whatever its damage
             log.warning("data.loader=device: ignoring the cache %s (%s)", cache, err)
     log.info("data.loader=device: decoding %d images of %s once (cached in %s)", len(dataset), dataset.root, cache)
-    previous, dataset.transform = dataset.transform, build_transforms(cfg, train=False)
+    previous, dataset.transform = dataset.transform, plain_transforms(cfg, size, resize)
     try:
         loader = DataLoader(dataset, batch_size=256, num_workers=cfg.num_workers)
         images, targets = zip(*loader, strict=True)

@@ -181,6 +181,18 @@ def freeze_backbone(model: nn.Module) -> None:
         param.requires_grad_(True)
 
 
+def timm_param_settings(model: nn.Module, layer_decay: float) -> dict:
+    """{parameter: (lr_scale, decays)} of a timm model, as timm's own training groups them: layers ordered by
+    the model's group_matcher (or timm's automatic grouping), the head at scale 1 and each layer below at
+    layer_decay times the one above; no weight decay for biases, norms and what model.no_weight_decay()
+    names (a ViT's position embedding and class token)."""
+    from timm.optim import param_groups_layer_decay
+
+    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
+    groups = param_groups_layer_decay(model, weight_decay=1.0, no_weight_decay_list=skip, layer_decay=layer_decay)
+    return {param: (group["lr_scale"], group["weight_decay"] > 0) for group in groups for param in group["params"]}
+
+
 def write_timm_folder(model: nn.Module, name: str, folder: Path, preprocessing: dict) -> None:
     """export --format timm: config.json (the architecture, the classes, and as timm's preprocessing settings
     the run's: preprocessing's input_size, mean and std) and model.safetensors, as timm.models.save_for_hf

@@ -8,6 +8,8 @@ The training set takes the (epoch, index) keys of loaders.ResumableSampler, so i
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,10 +21,22 @@ from ..engine import seam
 from ..engine.config import Config
 from ..engine.errors import ConfigError
 from ..engine.parallel import meta_init
+from ..engine.torch_private import unwrap
 from .augment import POLICIES, TIMM_POLICY, Mixing, crops_and_flips, draws, mix, soft_cross_entropy, soft_targets
 from .data import DeviceImages, SeededAugmentation, build_datasets, device_bytes, device_image_set
-from .model import INIT_TYPES, architecture, build_model, classification_loss, init_module, write_timm_folder
-from .validation import evaluate_model
+from .model import (
+    INIT_TYPES,
+    TIMM,
+    architecture,
+    build_model,
+    classification_loss,
+    init_module,
+    timm_param_settings,
+    write_timm_folder,
+)
+from .validation import confusion_json, confusion_png, confusion_report, evaluate_model
+
+log = logging.getLogger(__name__)
 
 
 class Task(seam.Task):
@@ -39,13 +53,14 @@ class Task(seam.Task):
         """The training set (by (epoch, index) keys, augmented per sample) and the validation set:
         uint8 images and integer labels."""
         train_set, val_set, self.num_classes = build_datasets(self.cfg.data)
+        self.class_names = [str(name) for name in val_set.classes]
         return SeededAugmentation(train_set, self.cfg.run.seed, self.cfg.data.augment, self.mixing), val_set
 
     def device_bytes(self, train_set: Dataset, val_set: Dataset) -> tuple[int, str | None]:
         """Bytes both sets take on the device (uint8 images), and what speaks against data.loader=auto
         choosing the device (None: nothing)."""
         data = self.cfg.data
-        nbytes = device_bytes(train_set, data) + device_bytes(val_set, data)
+        nbytes = device_bytes(train_set, data.image_size) + device_bytes(val_set, data.val_image_size)
         if data.name == "imagefolder" and crops_and_flips(data.augment):
             return nbytes, "imagefolder trains on random resized crops, which the device loader does not make"
         if data.augment.startswith(TIMM_POLICY):
@@ -63,8 +78,8 @@ class Task(seam.Task):
                 "in DataLoader workers; use data.loader=workers (or data.augment=randaugment, torchvision's)"
             )
         augmentation = dict(seed=self.cfg.run.seed, augment=data.augment, mixing=self.mixing)
-        train = device_image_set(train_set, data, self.device, **augmentation)
-        return train, device_image_set(val_set, data, self.device)
+        train = device_image_set(train_set, data, self.device, data.image_size, **augmentation)
+        return train, device_image_set(val_set, data, self.device, data.val_image_size, data.val_resize)
 
     def build_model(self, device: torch.device | None = None, shard: Callable | None = None) -> nn.Module:
         """The classifier for the data's classes on `device` (default CPU) in the training memory
@@ -109,12 +124,35 @@ class Task(seam.Task):
         """val/loss, val/acc and val/samples over the whole validation set."""
         return evaluate_model(model, loader, self.inputs, self.cfg.trainer.precision)
 
+    def evaluate(self, model: nn.Module, loader: DataLoader, flags: set[str]) -> tuple[dict, dict]:
+        """The evaluate command: validate's metrics (with --tta, of each image and its mirror image), the
+        balanced accuracy, and reports confusion.json (the confusion matrix, each class's accuracy) and,
+        with matplotlib (the plot extra), confusion.png."""
+        tta = "--tta" in flags
+        metrics = evaluate_model(
+            model, loader, self.inputs, self.cfg.trainer.precision, tta=tta, confusion=self.num_classes
+        )
+        balanced, report = confusion_report(metrics.pop("confusion"), self.class_names)
+        reports = {"confusion.json": lambda path: path.write_text(confusion_json(report))}
+        if importlib.util.find_spec("matplotlib") is not None:
+            reports["confusion.png"] = lambda path: confusion_png(report, path)
+        else:
+            log.info("evaluate: no confusion.png without matplotlib (pip install -e '.[plot]')")
+        return {**metrics, **balanced, "tta": tta}, reports
+
     def summary(self, metrics: dict) -> str:
         return f"val/loss {metrics['val/loss']:.4f} val/acc {metrics['val/acc']:.4f} ({metrics['val/samples']} samples)"
 
     def throughput(self, samples_per_s: float) -> dict:
         """No figures beyond perf/samples_per_s: a sample is an image."""
         return {}
+
+    def param_settings(self, model: nn.Module, layer_decay: float) -> dict:
+        """timm models: timm's layer order for optim.layer_decay and its no-decay list (torchvision's models:
+        the engine's defaults; config.py refuses a layer decay for them)."""
+        if not self.cfg.model.name.startswith(TIMM):
+            return super().param_settings(model, layer_decay)
+        return timm_param_settings(unwrap(model), layer_decay)
 
     EXPORT_FORMATS = {
         "timm": "a timm model folder (export/timm: timm.create_model('local-dir:...') loads it; model.name=timm:NAME)"
@@ -123,8 +161,9 @@ class Task(seam.Task):
     def export_as(self, fmt: str, model: nn.Module, folder: Path) -> Path:
         """export --format timm: config.json and model.safetensors in folder/timm."""
         out = Path(folder) / fmt
-        size, (mean, std) = self.cfg.data.image_size, self.inputs.stats
-        preprocessing = {"input_size": [3, size, size], "mean": mean, "std": std, "crop_pct": 1.0}
+        size, (mean, std) = self.cfg.data.val_image_size, self.inputs.stats
+        crop = size / self.cfg.data.val_resize if self.cfg.data.name == "imagefolder" else 1.0
+        preprocessing = {"input_size": [3, size, size], "mean": mean, "std": std, "crop_pct": crop}
         write_timm_folder(model, self.cfg.model.name, out, preprocessing)
         return out
 
@@ -133,5 +172,6 @@ class Task(seam.Task):
 
         torch.export specialises a dimension of size 0 or 1 to that constant, so an example batch
         of one would fix the batch size the program accepts."""
-        images = torch.zeros(2, 3, self.cfg.data.image_size, self.cfg.data.image_size)
+        size = self.cfg.data.val_image_size  # the size the model sees in inference
+        images = torch.zeros(2, 3, size, size)
         return (images,), ({0: torch.export.Dim("batch", min=1, max=4096)},)
