@@ -65,6 +65,8 @@ TASK_FILES = {
         *(f"src/PKG/task/{module}.py" for module in (*TASK_MODULES, "model")),
         *(f"tests/task/{name}.py" for name in ("tiny", "test_data", "test_model", "test_metrics")),
         *(f"tests/task/{name}.py" for name in ("test_export", "test_evaluate", "test_train")),
+        "configs/recipes/torchvision-resnet50.yaml",
+        "configs/recipes/timm-finetune.yaml",
         "src/PKG/task/augment.py",  # the recipe: policies, mixup, cutmix, random erasing
         "tests/task/test_augment.py",
     },

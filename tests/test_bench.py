@@ -283,3 +283,23 @@ def test_a_missed_target_is_named_and_the_timed_run_fails():
     assert run.missed({**figures, "lm_demo/val_loss_over_floor": 1.05}) == []
     source = (ROOT / "bench" / "run.py").read_text()
     assert "return 1 if misses else 0" in source  # main's exit status follows missed()
+
+
+def test_the_timm_side_by_side_makes_its_images_and_reads_timms_log(tmp_path):
+    """bench/timm_train.py: scikit-learn's digits as a 32x32 RGB ImageFolder, every fifth image of a
+    class for validation; timm's logged batch times read without the first batch of an epoch."""
+    spec = importlib.util.spec_from_file_location("bench_timm", ROOT / "bench" / "timm_train.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.digits_folder(tmp_path) == (1442, 355)
+    from PIL import Image
+
+    assert sorted(p.name for p in (tmp_path / "val").iterdir()) == [str(d) for d in range(10)]
+    with Image.open(next((tmp_path / "train" / "3").glob("*.png"))) as image:
+        assert (image.size, image.mode) == ((32, 32), "RGB")
+    log = (
+        "Train: 0 [   0/22 (  0%)]  Loss: 2.31 (2.31)  Time: 1.912s,   33.47/s  (1.912s, 33.47/s)\n"
+        "Train: 0 [   5/22 ( 24%)]  Loss: 2.30 (2.30)  Time: 0.151s,  423.04/s  (0.160s, 400.5/s)\n"
+        "Train: 1 [  21/22 (100%)]  Loss: 2.10 (2.20)  Time: 0.162s,  395.06/s  (0.166s, 385.5/s)\n"
+    )
+    assert bench.batch_times(log) == [0.151, 0.162]

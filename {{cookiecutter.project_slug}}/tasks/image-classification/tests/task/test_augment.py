@@ -5,7 +5,9 @@ import random
 import numpy as np
 import pytest
 import torch
+from torch import nn
 from torch.nn import functional as F
+from torch.utils.data import default_collate
 
 from {{ cookiecutter.package_name }}.engine.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.task.augment import (
@@ -14,6 +16,7 @@ from {{ cookiecutter.package_name }}.task.augment import (
     draws,
     mix,
     partner,
+    policy,
     soft_cross_entropy,
     soft_targets,
     uniforms,
@@ -111,6 +114,16 @@ def test_each_policy_is_deterministic_for_a_seed_and_leaves_the_callers_generato
     assert sum(not torch.equal(a, train[(1, i)][0]) for i, a in enumerate(first)) >= 12
 
 
+def test_timms_randaugment_runs_at_its_top_magnitude():
+    """timm's increasing posterize keeps 0 bits at magnitude 10, which rand-m9-mstd0.5 reaches; Pillow 13
+    refuses 0 bits, so the timm extra keeps Pillow below 13. 300 images at magnitude 10 meet it."""
+    transform = policy("rand-m10-inc1", 8)
+    random.seed(0)
+    np.random.seed(0)
+    images = torch.randint(256, (300, 3, 8, 8), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    assert all(transform(image).shape == (3, 8, 8) for image in images)
+
+
 def test_workers_and_the_device_mix_each_sample_with_the_same_partner():
     """A training item (workers) and a device batch carry the same partner for each sample, or the sample
     itself when it is not mixed; random erasing alone ships no partner."""
@@ -131,6 +144,23 @@ def test_workers_and_the_device_mix_each_sample_with_the_same_partner():
         assert other_target == synthetic.targets[j] == other_targets[i]
     erasing = SeededAugmentation(synthetic, seed=3, augment="none", mixing=Mixing(erase=0.5))
     assert len(erasing[(0, 0)]) == 3
+
+
+def test_batch_partners_mix_each_batch_with_itself_reversed():
+    """data.mix_partner=batch: items carry no partner, and the loss mixes the batch with itself reversed,
+    against labels mixed alike."""
+    cfg = load_config(SPEC, [], [*TINY, "data.cutmix=1.0", "data.mix_partner=batch", "data.augment=none"])
+    task = Task(cfg, torch.device("cpu"))
+    train, _ = task.datasets()
+    batch = default_collate([train[(2, i)] for i in range(8)])
+    assert len(batch) == 3
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 10))
+    loss, samples = task.loss(model, batch)
+    images, targets = task.inputs(batch[0]), batch[1]
+    drawn = draws(task.mixing, cfg.run.seed, 2, torch.arange(8), 16, 16)
+    assert drawn["cutmix"].all() and (drawn["lam"] < 1).any()
+    soft = soft_targets(targets, targets.flip(0), drawn["lam"], 10, 0.0)
+    assert torch.equal(loss, soft_cross_entropy(model(mix(images, images.flip(0), drawn)), soft)) and samples == 8
 
 
 def test_a_timm_policy_on_the_device_loader_is_refused_in_one_line():

@@ -11,10 +11,14 @@ from torch import nn
 from {{ cookiecutter.package_name }}.engine.config import ConfigError, OptimConfig, load_config
 from {{ cookiecutter.package_name }}.engine.optim import build_optimizer
 from {{ cookiecutter.package_name }}.engine.step import train_mode
+from {{ cookiecutter.package_name }}.task.augment import soft_cross_entropy
 from {{ cookiecutter.package_name }}.task.config import SPEC, ModelConfig
+from {{ cookiecutter.package_name }}.task.data import class_weights
 from {{ cookiecutter.package_name }}.task.model import build_model, classification_loss, classifier_head
 from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main
+
+from tiny import timm_folder
 
 
 def test_default_model_suits_32x32_images():
@@ -101,16 +105,6 @@ def test_pretrained_file_that_is_not_a_dict_of_tensors_exits_2(content, tiny, tm
     assert "not a state_dict of tensors" in capsys.readouterr().err
 
 
-def timm_folder(path, num_classes: int = 7) -> nn.Module:
-    """What the hub's timm models look like: timm's test ConvNeXt saved by timm.models.save_for_hf."""
-    import timm
-
-    model = timm.create_model("test_convnext", num_classes=num_classes)
-    config = {"architecture": "test_convnext", "num_classes": num_classes}
-    timm.models.save_for_hf(model, str(path), model_config=config, safe_serialization=True)
-    return model
-
-
 def test_a_timm_folder_sets_the_architecture_and_the_data_defaults_and_is_re_headed(tiny, tmp_path, caplog):
     """model.init_from=FOLDER: model.name, data.image_size, data.mean and data.std come from its config.json
     (each unless set, and said in the log), every weight but the classifier's comes from its file, and the
@@ -184,3 +178,21 @@ def test_layer_decay_slows_each_layer_below_the_head_and_spares_norms_biases_and
     assert len({round(group["lr"] / group["lr_scale"], 12) for group in optimizer.param_groups}) == 1
     with pytest.raises(ConfigError, match="optim.layer_decay=0.5: torchvision's resnet18 does not say how its layers"):
         load_config(SPEC, [], [*tiny, "optim.layer_decay=0.5"])
+
+
+def test_balanced_class_weights_make_each_class_weigh_alike_in_training():
+    """data.balance=weights: N / (classes x the class's samples) from the training labels (the mean weight of
+    a sample is 1), each sample's loss weighted by its class's and the plain mean of the batch taken, alike
+    with hard and with soft (mixed) targets."""
+
+    class Labels:
+        targets = [0] * 6 + [1] * 3 + [2]
+
+    weights = class_weights(Labels(), 4)
+    assert torch.allclose(weights, torch.tensor([10 / 18, 10 / 9, 10 / 3, 0.0]))  # 3 classes have samples
+    assert torch.isclose(weights[torch.tensor(Labels.targets)].mean(), torch.tensor(1.0))
+    logits, targets = torch.randn(5, 4), torch.tensor([0, 1, 2, 2, 0])
+    expected = (weights[targets] * nn.functional.cross_entropy(logits, targets, reduction="none")).mean()
+    assert torch.isclose(classification_loss(logits, targets, 0.0, weights), expected)
+    soft = nn.functional.one_hot(targets, 4).double()
+    assert torch.isclose(soft_cross_entropy(logits, soft, weights), expected, atol=1e-6)

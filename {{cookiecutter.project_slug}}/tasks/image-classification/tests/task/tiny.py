@@ -38,8 +38,20 @@ BAD_CONFIGS = [
     (["data.augment=rand-q9"], "data.augment='rand-q9': timm cannot parse it"),
     (["data.mixup=-0.2"], "data.mixup=-0.2 is a Beta distribution's alpha"),
     (["data.random_erase=1.5"], "data.random_erase=1.5 is a probability"),
+    (["data.balance=sampler"], "choose one of none, weights"),
+    (["data.mix_partner=pairs"], "choose one of set, batch"),
 ]
 # Settings under which N processes x batch b train like 1 process x batch N x b (GroupNorm: BatchNorm
 # statistics depend on the per-process batch), with the recipe's random draws on: a sample is augmented
 # and mixed alike whichever process takes it.
 BATCH_INDEPENDENT = ["model.norm=group", *RECIPE]
+
+
+def timm_folder(path, num_classes: int = 7):
+    """What the hub's timm models look like: timm's test ConvNeXt saved by timm.models.save_for_hf."""
+    import timm
+
+    model = timm.create_model("test_convnext", num_classes=num_classes)
+    config = {"architecture": "test_convnext", "num_classes": num_classes}
+    timm.models.save_for_hf(model, str(path), model_config=config, safe_serialization=True)
+    return model

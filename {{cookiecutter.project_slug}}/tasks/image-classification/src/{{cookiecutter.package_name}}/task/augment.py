@@ -6,7 +6,9 @@ soft-target cross-entropy they train against.
 Every random draw depends on (run.seed, epoch, sample index) only, never on a worker, a process or
 a batch: a resumed run, another data.num_workers and another number of processes augment each
 sample exactly alike. A mixed sample's partner is a sample of the whole training set drawn from the
-same numbers (not its neighbour in a batch, which depends on how the batch is split over processes).
+same numbers (not its neighbour in a batch, which depends on how the batch is split over processes);
+data.mix_partner=batch mixes each process's batch with itself reversed instead, as timm and
+torchvision do: no second image to load, but N processes mix other pairs than 1 does.
 """
 
 from __future__ import annotations
@@ -123,14 +125,20 @@ class Mixing:
     prob: float = 1.0
     switch_prob: float = 0.5
     erase: float = 0.0
+    partner: str = "set"  # data.mix_partner: set (a drawn sample of the whole set) or batch (the batch reversed)
 
     @classmethod
     def of(cls, data: DataConfig) -> Mixing:
-        return cls(data.mixup, data.cutmix, data.mix_prob, data.mix_switch_prob, data.random_erase)
+        return cls(data.mixup, data.cutmix, data.mix_prob, data.mix_switch_prob, data.random_erase, data.mix_partner)
 
     @property
     def mixes(self) -> bool:
         return self.mixup > 0 or self.cutmix > 0
+
+    @property
+    def ships_partners(self) -> bool:
+        """Whether each sample comes with its partner (data.mix_partner=set), not mixed within its batch."""
+        return self.mixes and self.partner == "set"
 
     @property
     def active(self) -> bool:
@@ -266,6 +274,8 @@ def soft_targets(
     return own * lam + other * (1 - lam)
 
 
-def soft_cross_entropy(logits: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy against soft targets (N x C, rows summing to one)."""
-    return -(soft.to(torch.float32) * F.log_softmax(logits.float(), dim=-1)).sum(dim=-1).mean()
+def soft_cross_entropy(logits: torch.Tensor, soft: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean cross-entropy against soft targets (N x C, rows summing to one); weight: a weight per class,
+    as torch's cross_entropy applies it (data.balance=weights)."""
+    soft = soft.to(torch.float32) if weight is None else soft.to(torch.float32) * weight
+    return -(soft * F.log_softmax(logits.float(), dim=-1)).sum(dim=-1).mean()

@@ -52,6 +52,10 @@ class DataConfig(DataBase):
     """Share of the training images that mixup or cutmix mixes."""
     mix_switch_prob: float = 0.5
     """With both mixup and cutmix on, the share mixed by cutmix."""
+    mix_partner: str = "set"
+    """What a training image is mixed with: set (an image drawn from the whole training set: the same pairs on any
+    number of processes, at a second image to load per mixed image) or batch (its process's batch reversed, as timm
+    and torchvision mix: nothing more to load, but N processes mix other pairs than 1; resumes stay exact)."""
     image_size: int | None = None
     """Side of the square images, in pixels (synthetic images are made at this size; cifar10 and imagefolder resize);
     null: the input size of model.init_from's folder, else 32."""
@@ -71,6 +75,9 @@ class DataConfig(DataBase):
     """Training samples of the synthetic data set."""
     val_size: int = 1000
     """Validation samples of the synthetic data set."""
+    balance: str = "none"
+    """Imbalanced classes: none, or weights (each training sample's loss weighted by N / (classes x its class's
+    samples), so every class weighs alike in training and the mean weight is 1; validation stays unweighted)."""
     download: bool = True
     """cifar10 only: download into data.root when it is not there yet."""
 
@@ -198,7 +205,12 @@ SPEC = TaskSpec(
     metrics={"val/loss": "min", "val/acc": "max", "val/top5": "max"},
     monitor="val/acc",
     validate=validate,
-    choices={"data.name": ("synthetic", "cifar10", "imagefolder"), "model.norm": ("batch", "group")},
+    choices={
+        "data.name": ("synthetic", "cifar10", "imagefolder"),
+        "data.mix_partner": ("set", "batch"),
+        "data.balance": ("none", "weights"),
+        "model.norm": ("batch", "group"),
+    },
     at_least_one=("data.image_size", "data.val_image_size", "data.num_classes", "data.train_size", "data.val_size"),
     # What a checkpoint's stored config sets in evaluate and export: what rebuilds the model and the
     # data it was trained on. Nothing that names a place (data.root, model.pretrained) comes from a

@@ -205,6 +205,16 @@ def _imagefolder(cfg, train_tf, val_tf):
     return train_set, val_set
 
 
+def class_weights(dataset: Dataset, num_classes: int) -> torch.Tensor:
+    """N / (classes x samples of the class) for each class of a training set (data.balance=weights), the
+    classes counted being those with samples: a sample's mean weight is 1, so the loss keeps its scale.
+    A class without training samples weighs 0 (it is never trained on anyway)."""
+    counts = torch.bincount(torch.as_tensor(dataset.targets), minlength=num_classes).double()
+    present = (counts > 0).sum()
+    weights = torch.where(counts > 0, counts.sum() / (present * counts.clamp(min=1)), 0.0)
+    return weights.float()
+
+
 class SeededAugmentation(Dataset):
     """Random transforms seeded by (seed, epoch, sample index) instead of by worker or iterator state.
 
@@ -213,8 +223,9 @@ class SeededAugmentation(Dataset):
     which ResumableSampler yields.
 
     With mixing on (mixup, cutmix, random erasing: augment.Mixing), an item also carries its key, for
-    the draws made on the device, and with mixup or cutmix its partner's image and label (the
-    partner as augmented in this epoch; the sample itself when it is not mixed).
+    the draws made on the device, and with mixup or cutmix from the whole set (data.mix_partner=set)
+    its partner's image and label (the partner as augmented in this epoch; the sample itself when it
+    is not mixed).
     """
 
     def __init__(self, dataset: Dataset, seed: int, augment: object = "flip_crop", mixing: Mixing | None = None):
@@ -236,7 +247,7 @@ class SeededAugmentation(Dataset):
         image, target = self.augmented(epoch, index)
         if self.mixing is None:
             return image, target
-        if not self.mixing.mixes:
+        if not self.mixing.ships_partners:
             return image, target, (epoch, index)
         other, mixed = partner(self.seed, epoch, torch.tensor([index]), len(self), self.mixing.prob)
         other_image, other_target = self.augmented(epoch, int(other)) if mixed else (image, target)
@@ -294,7 +305,7 @@ class DeviceImageSet:
         if self.mixing is None:
             return batch
         keys = (torch.full((len(indices),), epoch), indices)
-        if not self.mixing.mixes:
+        if not self.mixing.ships_partners:
             return *batch, keys
         others, mixed = partner(self.seed, epoch, indices, len(self), self.mixing.prob)
         others = torch.where(mixed, others, indices)

@@ -216,12 +216,19 @@ def write_timm_folder(model: nn.Module, name: str, folder: Path, preprocessing: 
     staging.rename(folder)
 
 
-def classification_loss(logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0) -> torch.Tensor:
+def classification_loss(
+    logits: torch.Tensor, targets: torch.Tensor, label_smoothing: float = 0.0, weight: torch.Tensor | None = None
+) -> torch.Tensor:
     """Mean cross-entropy over integer class targets (label_smoothing e: against (1 - e) on the class
-    and e spread evenly over every class); refuses shapes that would silently broadcast."""
+    and e spread evenly over every class); refuses shapes that would silently broadcast. weight: a
+    weight per class (data.balance=weights), each sample's loss weighted by its class's and the plain
+    mean taken, so the loss of a batch does not depend on what else is in it."""
     if targets.dtype != torch.long or targets.shape != logits.shape[:1]:
         raise ValueError(
             f"targets must be class indices of shape {tuple(logits.shape[:1])} and dtype long, "
             f"got shape {tuple(targets.shape)} and dtype {targets.dtype}"
         )
-    return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing)
+    if weight is None:
+        return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing)
+    losses = F.cross_entropy(logits.float(), targets, weight=weight, label_smoothing=label_smoothing, reduction="none")
+    return losses.mean()

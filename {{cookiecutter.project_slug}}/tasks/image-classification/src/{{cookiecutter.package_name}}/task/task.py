@@ -23,7 +23,7 @@ from ..engine.errors import ConfigError
 from ..engine.parallel import meta_init
 from ..engine.torch_private import unwrap
 from .augment import POLICIES, TIMM_POLICY, Mixing, crops_and_flips, draws, mix, soft_cross_entropy, soft_targets
-from .data import DeviceImages, SeededAugmentation, build_datasets, device_bytes, device_image_set
+from .data import DeviceImages, SeededAugmentation, build_datasets, class_weights, device_bytes, device_image_set
 from .model import (
     INIT_TYPES,
     TIMM,
@@ -48,12 +48,15 @@ class Task(seam.Task):
         self.inputs = DeviceImages(device, cfg.data.name, cfg.model.channels_last, stats)  # normalised on the device
         self.num_classes: int | None = None
         self.mixing = Mixing.of(cfg.data)
+        self.class_weights: torch.Tensor | None = None  # data.balance=weights
 
     def datasets(self) -> tuple[Dataset, Dataset]:
         """The training set (by (epoch, index) keys, augmented per sample) and the validation set:
         uint8 images and integer labels."""
         train_set, val_set, self.num_classes = build_datasets(self.cfg.data)
         self.class_names = [str(name) for name in val_set.classes]
+        if self.cfg.data.balance == "weights":
+            self.class_weights = class_weights(train_set, self.num_classes).to(self.device)
         return SeededAugmentation(train_set, self.cfg.run.seed, self.cfg.data.augment, self.mixing), val_set
 
     def device_bytes(self, train_set: Dataset, val_set: Dataset) -> tuple[int, str | None]:
@@ -109,16 +112,18 @@ class Task(seam.Task):
         targets = targets.to(self.device, non_blocking=True)  # the whole batch moves, not just inputs
         smoothing = self.cfg.model.label_smoothing
         if not mixing:
-            return classification_loss(model(images), targets, smoothing), len(targets)
+            return classification_loss(model(images), targets, smoothing, self.class_weights), len(targets)
         (epochs, indices), *others = mixing
         epoch = int(epochs[0])  # on the host: a batch never spans two epochs
         drawn = draws(self.mixing, self.cfg.run.seed, epoch, indices.to(self.device), *images.shape[-2:])
         partners, partner_targets = images, targets  # random erasing alone mixes nothing
-        if others:
+        if others:  # data.mix_partner=set: each sample's partner came with it
             partners, partner_targets = self.inputs(others[0]), others[1].to(self.device, non_blocking=True)
+        elif self.mixing.mixes:  # data.mix_partner=batch: the batch reversed
+            partners, partner_targets = images.flip(0), targets.flip(0)
         logits = model(mix(images, partners, drawn))
         soft = soft_targets(targets, partner_targets, drawn["lam"], logits.shape[-1], smoothing)
-        return soft_cross_entropy(logits, soft), len(targets)
+        return soft_cross_entropy(logits, soft, self.class_weights), len(targets)
 
     def validate(self, model: nn.Module, loader: DataLoader) -> dict:
         """val/loss, val/acc and val/samples over the whole validation set."""
