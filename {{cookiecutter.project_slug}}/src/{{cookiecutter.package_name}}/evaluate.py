@@ -16,7 +16,7 @@ line (an override or a --config file) or, for --checkpoint PATH alone, the folde
 run directory for a run's checkpoints/step_N.pt (so a run's eval.json sits next to its
 metrics.jsonl, as with run.output_dir), else the checkpoint's own folder. The task may add
 reports (Task.evaluate), written to <output_dir>/eval/ and listed under "reports", and switches of
-its own (TaskSpec.evaluate_flags, e.g. the image task's --tta).
+its own (TaskSpec.evaluate_flags).
 
 Errors are one `error: ...` line on stderr: exit 2 for bad input (configuration, data,
 checkpoint), 1 when an output cannot be written or CUDA runs out of memory (engine/cli.py).

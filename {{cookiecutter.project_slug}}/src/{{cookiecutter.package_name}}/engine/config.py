@@ -68,8 +68,8 @@ class OptimConfig:
     min_lr_ratio: float = 0.01
     """Learning rate at the end of the cosine decay, as a fraction of optim.lr."""
     layer_decay: float = 1.0
-    """Layer-wise learning-rate decay: the classifier head trains at optim.lr, each layer below it at layer_decay
-    times the rate of the one above (fine-tuning ViTs and ConvNeXts: 0.65-0.85); 1: off. Needs a model whose
+    """Layer-wise learning-rate decay: the output layer trains at optim.lr, each layer below it at layer_decay
+    times the rate of the one above (fine-tuning pretrained models: 0.65-0.85); 1: off. Needs a model whose
     layers the task can order."""
     ema_decay: float = 0.0
     """0: off. Otherwise keep an exponential moving average of the weights (decay per optimizer step, ramped

@@ -43,6 +43,7 @@ from .rundir import claim_output_dir, save_best, save_best_sharded, start_in_out
 from .seam import Task, TaskSpec
 from .state import Progress, TrainState, checkpoint_format
 from .step import StepResult, train_mode, train_step
+from .torch_private import unwrap
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ class Run:
         seed_everything(cfg.run.seed + env.rank)  # per-rank streams (e.g. dropout); augmentation is seeded per sample
         if cfg.model.compile:
             model = torch.compile(model)
-        optimizer = build_optimizer(model, cfg.optim, task.param_settings(model, cfg.optim.layer_decay))
+        optimizer = build_optimizer(model, cfg.optim, task.param_settings(unwrap(model), cfg.optim.layer_decay))
         schedule = partial(
             warmup_cosine, warmup=cfg.optim.warmup_steps, total=plan.total_steps, min_ratio=cfg.optim.min_lr_ratio
         )

@@ -97,7 +97,7 @@ class TaskSpec:
     plot_panel: tuple[str, tuple[tuple[str, str], ...]] = ("Validation", ())
     """PACKAGE.plot's validation panel: (y label, ((metrics.jsonl key, line label), ...))."""
     evaluate_flags: dict[str, str] = field(default_factory=dict)
-    """The evaluate command's own switches of this task ({"--tta": "what it does"}), handed to Task.evaluate."""
+    """The evaluate command's own switches of this task ({"--switch": "what it does"}), handed to Task.evaluate."""
 
     def __post_init__(self):
         if self.monitor not in self.metrics:
@@ -162,9 +162,10 @@ class Task(abc.ABC):
         raise ConfigError("data.loader=device: this task's data does not go on the device; use data.loader=workers")
 
     def param_settings(self, model: nn.Module, layer_decay: float) -> dict:
-        """{parameter: (lr_scale, decays)} for the trainable parameters of the built (wrapped) model whose
-        learning-rate scale or weight decay differ from the default (1.0; decay for matrices, none for
-        biases and norms). optim.layer_decay below 1 needs a task that can order its model's layers."""
+        """{parameter: (lr_scale, decays)} for the trainable parameters of the built model (outside DDP's and
+        torch.compile's wrappers: its own parameter names) whose learning-rate scale or weight decay differ
+        from the default (1.0; decay for matrices, none for biases and norms). optim.layer_decay below 1
+        needs a task that can order its model's layers."""
         if layer_decay != 1.0:
             raise ConfigError(f"optim.layer_decay={layer_decay}: this task cannot order its model's layers; use 1")
         return {}

@@ -153,7 +153,7 @@ def test_a_folder_timm_cannot_build_is_refused_in_one_line(config, error, tiny, 
 def test_layer_decay_slows_each_layer_below_the_head_and_spares_norms_biases_and_embeddings(tiny):
     """optim.layer_decay=0.5 on timm's test ViT (6 blocks): the head trains at optim.lr, block i at
     0.5 ** (6 - i) of it, the patch embedding at 0.5 ** 7; biases, norms, the position embedding and the
-    class token get no weight decay; the schedule scales every group alike. A torchvision model is refused."""
+    class embedding get no weight decay; the schedule scales every group alike. A torchvision model is refused."""
     cfg = load_config(SPEC, [], [*tiny, "model.name=timm:test_vit", "optim.layer_decay=0.5"])
     task = Task(cfg, torch.device("cpu"))
     task.datasets()

@@ -6,6 +6,7 @@ merges the sections in beside the shared ones (run, optim, trainer, tracker, dis
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 DEFAULT_MODEL = "resnet18"
+TIMM = "timm:"  # model.name=timm:NAME: the timm model NAME (the timm extra)
+TIMM_EXTRA = "pip install -e '.[timm]'"
 
 
 @dataclass
@@ -121,12 +124,12 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"model.label_smoothing={cfg.model.label_smoothing} must be at least 0 and below 1")
     if not 0.0 <= cfg.model.drop_path < 1.0:
         raise ConfigError(f"model.drop_path={cfg.model.drop_path} must be at least 0 and below 1")
-    if cfg.model.drop_path and not cfg.model.name.startswith("timm:"):
+    if cfg.model.drop_path and not cfg.model.name.startswith(TIMM):
         raise ConfigError(
             f"model.drop_path={cfg.model.drop_path} applies to timm models (model.name=timm:NAME), "
             f"not to torchvision's {cfg.model.name}"
         )
-    if cfg.optim.layer_decay != 1.0 and not cfg.model.name.startswith("timm:"):
+    if cfg.optim.layer_decay != 1.0 and not cfg.model.name.startswith(TIMM):
         raise ConfigError(
             f"optim.layer_decay={cfg.optim.layer_decay}: torchvision's {cfg.model.name} does not say how its layers "
             "are ordered; use a timm model (model.name=timm:NAME or model.init_from), whose layers timm orders"
@@ -169,11 +172,36 @@ def validate(cfg: Config) -> None:
                 )
 
 
+def read_folder(path: str) -> dict:
+    """The config.json of a timm model folder (model.init_from: what timm.models.save_for_hf writes and the
+    hub's timm models hold, beside model.safetensors), checked: the architecture must be timm's."""
+    folder = Path(path)
+    where = f"model.init_from={path!r}"
+    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
+        raise ConfigError(f"{where}: not a timm model folder (config.json and model.safetensors)")
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{where}: config.json cannot be read ({err})") from None
+    if not isinstance(config, dict) or "architecture" not in config:
+        found = config.get("architectures") if isinstance(config, dict) else None
+        kind = f"a transformers model ({', '.join(found)})" if found else "not timm's"
+        raise ConfigError(
+            f"{where}: its config.json is {kind}; model.init_from takes timm folders, whose config.json names an "
+            "architecture (timm/... models on the hub, or timm.models.save_for_hf)"
+        )
+    try:
+        import timm
+    except ImportError:
+        raise ConfigError(f"{where}: timm folders need timm ({TIMM_EXTRA})") from None
+    if not timm.is_model(config["architecture"]):
+        raise ConfigError(f"{where}: timm {timm.__version__} has no architecture {config['architecture']!r}")
+    return config
+
+
 def from_init_folder(cfg: Config) -> None:
     """model.init_from's architecture as model.name, its input size, mean and std as the data's unless set
     (said in the log)."""
-    from .model import TIMM, read_folder
-
     folder = read_folder(cfg.model.init_from)
     name = TIMM + folder["architecture"]
     if cfg.model.name not in (DEFAULT_MODEL, name):

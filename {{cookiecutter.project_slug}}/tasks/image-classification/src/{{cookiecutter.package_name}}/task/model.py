@@ -7,7 +7,6 @@ Parallelism (DDP/FSDP) is applied in distributed.py, never here.
 from __future__ import annotations
 
 import difflib
-import json
 import math
 import shutil
 from pathlib import Path
@@ -19,7 +18,7 @@ from torch.nn import functional as F
 
 from ..engine.ckpt.checkpoint import load_weights
 from ..engine.errors import ConfigError
-from .config import ModelConfig
+from .config import TIMM, TIMM_EXTRA, ModelConfig
 
 
 def group_norm(channels: int) -> nn.GroupNorm:
@@ -63,10 +62,6 @@ def init_module(name: str, module: nn.Module, generator: torch.Generator) -> Non
             module.reset_running_stats()
 
 
-TIMM = "timm:"  # model.name=timm:NAME: the timm model NAME (the timm extra)
-TIMM_EXTRA = "pip install -e '.[timm]'"
-
-
 def timm_model(name: str, num_classes: int, drop_path: float) -> nn.Module:
     """timm's model `name` with num_classes outputs and stochastic depth drop_path, initialised as timm
     initialises it; a name timm lacks is refused with the closest ones it has."""
@@ -85,33 +80,6 @@ def timm_model(name: str, num_classes: int, drop_path: float) -> nn.Module:
         return timm.create_model(name, pretrained=False, **kwargs)
     except TypeError:  # the model takes no drop_path_rate
         raise ConfigError(f"model.drop_path={drop_path}: timm's {name} has no stochastic depth") from None
-
-
-def read_folder(path: str) -> dict:
-    """The config.json of a timm model folder (model.init_from: what timm.models.save_for_hf writes and the
-    hub's timm models hold, beside model.safetensors), checked: the architecture must be timm's."""
-    folder = Path(path)
-    where = f"model.init_from={path!r}"
-    if not (folder / "config.json").is_file() or not (folder / "model.safetensors").is_file():
-        raise ConfigError(f"{where}: not a timm model folder (config.json and model.safetensors)")
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"{where}: config.json cannot be read ({err})") from None
-    if not isinstance(config, dict) or "architecture" not in config:
-        found = config.get("architectures") if isinstance(config, dict) else None
-        kind = f"a transformers model ({', '.join(found)})" if found else "not timm's"
-        raise ConfigError(
-            f"{where}: its config.json is {kind}; model.init_from takes timm folders, whose config.json names an "
-            "architecture (timm/... models on the hub, or timm.models.save_for_hf)"
-        )
-    try:
-        import timm
-    except ImportError:
-        raise ConfigError(f"{where}: timm folders need timm ({TIMM_EXTRA})") from None
-    if not timm.is_model(config["architecture"]):
-        raise ConfigError(f"{where}: timm {timm.__version__} has no architecture {config['architecture']!r}")
-    return config
 
 
 def from_folder(cfg: ModelConfig, num_classes: int) -> nn.Module:
@@ -185,7 +153,7 @@ def timm_param_settings(model: nn.Module, layer_decay: float) -> dict:
     """{parameter: (lr_scale, decays)} of a timm model, as timm's own training groups them: layers ordered by
     the model's group_matcher (or timm's automatic grouping), the head at scale 1 and each layer below at
     layer_decay times the one above; no weight decay for biases, norms and what model.no_weight_decay()
-    names (a ViT's position embedding and class token)."""
+    names (a ViT's position and class embeddings)."""
     from timm.optim import param_groups_layer_decay
 
     skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()

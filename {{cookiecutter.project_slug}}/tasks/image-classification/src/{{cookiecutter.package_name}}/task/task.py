@@ -21,12 +21,11 @@ from ..engine import seam
 from ..engine.config import Config
 from ..engine.errors import ConfigError
 from ..engine.parallel import meta_init
-from ..engine.torch_private import unwrap
 from .augment import POLICIES, TIMM_POLICY, Mixing, crops_and_flips, draws, mix, soft_cross_entropy, soft_targets
+from .config import TIMM
 from .data import DeviceImages, SeededAugmentation, build_datasets, class_weights, device_bytes, device_image_set
 from .model import (
     INIT_TYPES,
-    TIMM,
     architecture,
     build_model,
     classification_loss,
@@ -157,7 +156,7 @@ class Task(seam.Task):
         the engine's defaults; config.py refuses a layer decay for them)."""
         if not self.cfg.model.name.startswith(TIMM):
             return super().param_settings(model, layer_decay)
-        return timm_param_settings(unwrap(model), layer_decay)
+        return timm_param_settings(model, layer_decay)
 
     EXPORT_FORMATS = {
         "timm": "a timm model folder (export/timm: timm.create_model('local-dir:...') loads it; model.name=timm:NAME)"
