@@ -35,7 +35,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=HERE / "results" / "cpu_arch.json")
     sys.path.insert(0, str(HERE))
     from nanogpt import run_ours, stdlib_text
-    from run import add_project_options, lm_project
+    from run import add_project_options, lm_project, report
 
     add_project_options(parser)
     args = parser.parse_args()
@@ -68,10 +68,7 @@ def main() -> int:
 
     result = {"figures": figures, "runs": runs, "torch": torch.__version__, "cpus": os.cpu_count()}
     result["command"] = " ".join(sys.argv)
-    for key, value in figures.items():
-        print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    report(result, args.json)
     return 0
 
 

@@ -53,17 +53,6 @@ RECIPE = {  # nanoGPT's README, "I only have a macbook": the CPU run of train_sh
 }
 
 
-def clone(folder: Path) -> Path:
-    done = subprocess.run(
-        ["git", "clone", "-q", "--depth", "1", NANOGPT, str(folder)], capture_output=True, text=True
-    )
-    if done.returncode:
-        raise SystemExit(
-            f"cannot clone {NANOGPT} ({done.stderr.strip()}); pass --nanogpt DIR, a checkout of it"
-        )
-    return folder
-
-
 def stdlib_text(megabytes: float) -> bytes:
     """The standard library's .py files that are pure ASCII, in sorted order, until about megabytes
     (tests and site-packages left out): the same bytes for the same Python version."""
@@ -251,12 +240,12 @@ def main() -> int:
     parser.add_argument("--eval-iters", type=int, default=200, help="nanoGPT's evaluation batches")
     parser.add_argument("--json", type=Path, default=HERE / "results" / "cpu_nanogpt.json")
     sys.path.insert(0, str(HERE))
-    from run import add_project_options, lm_project
+    from run import add_project_options, lm_project, report, shallow_clone
 
     add_project_options(parser)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        checkout = args.nanogpt or clone(Path(tmp) / "nanoGPT")
+        checkout = args.nanogpt or shallow_clone(NANOGPT, Path(tmp) / "nanoGPT", "--nanogpt")
         if not (checkout / "train.py").is_file():
             parser.error(f"--nanogpt {checkout}: no train.py; clone {NANOGPT}")
         project, package = lm_project(args, Path(tmp))
@@ -266,11 +255,8 @@ def main() -> int:
     import torch
 
     result.update(torch=torch.__version__, cpus=os.cpu_count(), command=" ".join(sys.argv))
-    for key, value in result["figures"].items():
-        print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+    report(result, args.json)
     print(json.dumps({f"nanogpt/{key}": value for key, value in result["figures"].items()}))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
     return 0
 
 

@@ -612,6 +612,27 @@ def lm_project(args: argparse.Namespace, work: Path) -> tuple[Path, str]:
     return bake(work / "lm", "language-model")
 
 
+def shallow_clone(url: str, folder: Path, option: str) -> Path:
+    """A depth-1 clone of url into folder (a peer run beside the project, never committed); when the
+    clone fails, the benchmark stops naming option (its flag for a checkout of one's own)."""
+    done = subprocess.run(
+        ["git", "clone", "-q", "--depth", "1", url, str(folder)], capture_output=True, text=True
+    )
+    if done.returncode:
+        raise SystemExit(
+            f"cannot clone {url} ({done.stderr.strip()}); pass {option} DIR, a checkout of it"
+        )
+    return folder
+
+
+def report(result: dict, path: Path) -> None:
+    """Print result["figures"] as name: value lines and write the whole result to path as JSON."""
+    for key, value in result["figures"].items():
+        print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+
+
 def bake(work: Path, task: str = "image-classification") -> tuple[Path, str]:
     from cookiecutter.main import cookiecutter
 

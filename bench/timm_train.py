@@ -57,15 +57,6 @@ RECIPE = {
 }
 
 
-def clone(folder: Path) -> Path:
-    done = subprocess.run(
-        ["git", "clone", "-q", "--depth", "1", TIMM, str(folder)], capture_output=True, text=True
-    )
-    if done.returncode:
-        raise SystemExit(f"could not clone {TIMM} (pass --timm DIR):\n{done.stderr}")
-    return folder
-
-
 def digits_folder(root: Path) -> tuple[int, int]:
     """scikit-learn's digits as root/train/<digit>/*.png and root/val/<digit>/*.png, 32x32 RGB."""
     from PIL import Image
@@ -226,11 +217,11 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=1)
     parser.add_argument("--json", type=Path, default=HERE / "results" / "cpu_timm.json")
     sys.path.insert(0, str(HERE))
-    from run import bake
+    from run import bake, report, shallow_clone
 
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        checkout = args.timm or clone(Path(tmp) / "timm")
+        checkout = args.timm or shallow_clone(TIMM, Path(tmp) / "timm", "--timm")
         if not (checkout / "train.py").is_file():
             parser.error(f"--timm {checkout}: no train.py; clone {TIMM}")
         project, package = bake(Path(tmp) / "project")
@@ -244,10 +235,7 @@ def main() -> int:
         cpus=os.cpu_count(),
         command=" ".join(sys.argv),
     )
-    for key, value in result["figures"].items():
-        print(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    report(result, args.json)
     return 0
 
 
