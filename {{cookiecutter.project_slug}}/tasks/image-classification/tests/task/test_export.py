@@ -112,7 +112,8 @@ def test_a_timm_model_trains_and_exports_a_folder_timm_loads(tiny, run_dir, caps
     timm.create_model('local-dir:...', pretrained=True) loads with the trained head and our logits, and
     with the run's image size, mean and std as its preprocessing. A name timm lacks is refused in one line
     that suggests its own."""
-    timm = pytest.importorskip("timm")
+    import timm
+
     model = ["model.name=timm:test_convnext", "model.drop_path=0.1"]
     args = [*tiny, "data.image_size=32", *model, f"run.output_dir={run_dir}"]
     assert train_main([*args, "trainer.max_epochs=1"]) == 0

@@ -172,6 +172,15 @@ def validate(cfg: Config) -> None:
                 )
 
 
+def import_timm(what: str):
+    """The timm package, or a one-line ConfigError saying that what needs it and how to install it."""
+    try:
+        import timm
+    except ImportError:
+        raise ConfigError(f"{what} need timm ({TIMM_EXTRA})") from None
+    return timm
+
+
 def read_folder(path: str) -> dict:
     """The config.json of a timm model folder (model.init_from: what timm.models.save_for_hf writes and the
     hub's timm models hold, beside model.safetensors), checked: the architecture must be timm's."""
@@ -190,10 +199,7 @@ def read_folder(path: str) -> dict:
             f"{where}: its config.json is {kind}; model.init_from takes timm folders, whose config.json names an "
             "architecture (timm/... models on the hub, or timm.models.save_for_hf)"
         )
-    try:
-        import timm
-    except ImportError:
-        raise ConfigError(f"{where}: timm folders need timm ({TIMM_EXTRA})") from None
+    timm = import_timm(f"{where}: timm folders")
     if not timm.is_model(config["architecture"]):
         raise ConfigError(f"{where}: timm {timm.__version__} has no architecture {config['architecture']!r}")
     return config

@@ -18,7 +18,7 @@ from torch.nn import functional as F
 
 from ..engine.ckpt.checkpoint import load_weights
 from ..engine.errors import ConfigError
-from .config import TIMM, TIMM_EXTRA, ModelConfig
+from .config import TIMM, ModelConfig, import_timm
 
 
 def group_norm(channels: int) -> nn.GroupNorm:
@@ -65,10 +65,7 @@ def init_module(name: str, module: nn.Module, generator: torch.Generator) -> Non
 def timm_model(name: str, num_classes: int, drop_path: float) -> nn.Module:
     """timm's model `name` with num_classes outputs and stochastic depth drop_path, initialised as timm
     initialises it; a name timm lacks is refused with the closest ones it has."""
-    try:
-        import timm
-    except ImportError:
-        raise ConfigError(f"model.name={TIMM}{name}: timm is not installed ({TIMM_EXTRA})") from None
+    timm = import_timm(f"model.name={TIMM}{name}: timm models")
     if not timm.is_model(name):
         close = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(TIMM + c for c in close)}?" if close else "see timm.list_models()"
@@ -166,10 +163,7 @@ def write_timm_folder(model: nn.Module, name: str, folder: Path, preprocessing: 
     the run's: preprocessing's input_size, mean and std) and model.safetensors, as timm.models.save_for_hf
     writes them: timm.create_model('local-dir:FOLDER') loads the trained model, head included,
     timm.data.resolve_data_config prepares images as training did, and the hub takes the folder as it is."""
-    try:
-        import timm
-    except ImportError:
-        raise ConfigError(f"export --format timm needs timm: {TIMM_EXTRA}") from None
+    timm = import_timm("export --format timm: timm folders")
     if not name.startswith(TIMM):
         raise ConfigError(f"export --format timm: model.name={name} is torchvision's; train a model.name=timm:NAME")
     staging = folder.with_name(f".{folder.name}.partial")  # the folder appears complete or not at all
