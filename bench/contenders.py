@@ -322,7 +322,7 @@ def run_generated(
     image_size, batch, augment, workers = SHAPES[model_name]
     if model_name == "mlp":  # the task builds its model's layers through this module-level name
         task = importlib.import_module(f"{package}.task.task")
-        task.architecture = lambda cfg, num_classes: build_mlp(image_size, num_classes)
+        task.architecture = lambda cfg, num_classes, sizes=None: build_mlp(image_size, num_classes)
     overrides = [
         f"run.output_dir={output_dir}",
         "run.device=cpu",

@@ -38,7 +38,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.api import CheckpointException
 
 from ..errors import CheckpointError, OutputError, why_not_written
 from ..parallel import distributed, state_dicts
@@ -79,10 +78,19 @@ def crc32_of(path: Path) -> int:
     return crc
 
 
+def failures() -> tuple[type[BaseException], ...]:
+    """What a sharded save or load may raise: any Exception, and torch.distributed.checkpoint's
+    CheckpointException (a BaseException). Imported on first use: torch.distributed.checkpoint takes
+    0.8 s to import, which a run that never shards would pay at every start."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return Exception, CheckpointException
+
+
 def root_cause(err: BaseException) -> BaseException:
     """The first rank's own exception inside torch.distributed.checkpoint's CheckpointException
     (a BaseException whose text is every rank's traceback)."""
-    if isinstance(err, CheckpointException) and err.failures:
+    if isinstance(err, failures()[1]) and err.failures:
         first = next(iter(err.failures.values()))
         return first[0] if isinstance(first, tuple) else first
     return err
@@ -226,7 +234,7 @@ class ShardedSaver:
                 save(tensors, storage_writer=writer, process_group=group, no_dist=group is None)
                 record_own_files(folder, rank)
                 done = _finished()
-            except (Exception, CheckpointException) as err:  # handed to finish(), which every rank reaches
+            except failures() as err:  # handed to finish(), which every rank reaches
                 done = Future()
                 done.set_exception(root_cause(err))
         self.pending = Pending(folder, step, keep_last, done)
@@ -252,7 +260,7 @@ class ShardedSaver:
         error = None
         try:
             pending.done.result()
-        except (Exception, CheckpointException) as err:
+        except failures() as err:
             error = why_not_written(root_cause(err), pending.folder.parent)
         errors = [e for e in distributed.all_gather_object(error) if e]
         if errors:
@@ -274,7 +282,7 @@ class ShardedSaver:
             return
         try:
             pending.done.result()
-        except (Exception, CheckpointException):  # the failure being handled is the one to report
+        except failures():  # the failure being handled is the one to report
             return
         if distributed.rank() == 0 and not pending.committed and self._all_recorded(pending.folder):
             self._commit(pending)
@@ -359,7 +367,7 @@ def load_weights_into(model: nn.Module, path: Path, key: str = "model") -> None:
         weights = {name: tensor.detach() for name, tensor in averaged_tensors(model).items()}
     try:
         load({key: weights}, checkpoint_id=str(path), no_dist=True)
-    except (Exception, CheckpointException) as err:
+    except failures() as err:
         raise _read_error(path, root_cause(err)) from None
     if key == "model":
         model.load_state_dict(weights, strict=not state_dicts.rebuilds_frozen(model))
@@ -467,7 +475,7 @@ def load_training_state(
     state.update(extra or {})
     try:
         load(state, checkpoint_id=str(path), no_dist=not distributed.joined())
-    except (Exception, CheckpointException) as err:
+    except failures() as err:
         raise _read_error(path, root_cause(err)) from None
     inner = uncompiled(model)
     # A frozen base the task rebuilds is not in the state (the load above found every key the state has).

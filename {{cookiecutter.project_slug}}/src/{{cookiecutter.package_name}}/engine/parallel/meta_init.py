@@ -78,6 +78,44 @@ def initialise(model: nn.Module, seed: int, init_module: Callable[[str, nn.Modul
             copy_into(real, whole)
 
 
+def _own(module: nn.Module) -> dict[str, torch.Tensor]:
+    return dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
+
+
+def loadable(model: nn.Module, weights: dict[str, torch.Tensor], known: tuple[type, ...]) -> bool:
+    """Whether `load` can fill the model: each module's own tensors are all in weights (by their
+    names in the model), or the module is of a type the task's rule initialises."""
+    for name, module in model.named_modules():
+        prefix = f"{name}." if name else ""
+        if not isinstance(module, known) and any(prefix + key not in weights for key in _own(module)):
+            return False
+    return True
+
+
+@torch.no_grad()
+def load(
+    model: nn.Module,
+    weights: dict[str, torch.Tensor],
+    seed: int,
+    init_module: Callable[[str, nn.Module, torch.Generator], None],
+) -> None:
+    """Fill a model materialised from the meta device (model.to_empty) from whole weights, each
+    process copying in its shards; a module weights lacks a tensor of (a new classifier) is drawn
+    by init_module from its (run.seed, name) generator first, as `initialise` draws it."""
+    for name, module in model.named_modules():
+        tensors = _own(module)
+        prefix = f"{name}." if name else ""
+        if any(prefix + key not in weights for key in tensors):
+            generator = torch.Generator().manual_seed(module_seed(seed, name))
+            with _whole(module) as pairs:
+                init_module(name, module, generator)
+            for real, whole in pairs.values():
+                copy_into(real, whole)
+        for key, real in tensors.items():
+            if prefix + key in weights:
+                copy_into(real, weights[prefix + key].to(real.dtype))
+
+
 def build(
     architecture: Callable[[], nn.Module],
     init_module: Callable[[str, nn.Module, torch.Generator], None],

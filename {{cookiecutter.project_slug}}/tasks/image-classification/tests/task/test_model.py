@@ -18,6 +18,7 @@ from {{ cookiecutter.package_name }}.task.model import build_model, classificati
 from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main
 
+from conftest import read_metrics, torchrun
 from tiny import timm_folder
 
 
@@ -131,12 +132,89 @@ def test_a_timm_folder_sets_the_architecture_and_the_data_defaults_and_is_re_hea
         assert torch.equal(model["head.fc.weight"], expected["head.fc.weight"]) == (classes == 7)
 
 
+def test_a_timm_folder_is_adapted_as_timm_adapts_it(tiny, tmp_path):
+    """A ViT folder saved at 32 pixels, trained at 48: the position embeddings are resized by timm's own
+    loader, so every weight but the classifier equals what timm.create_model('local-dir:...') loads."""
+    import timm
+
+    source = timm.create_model("test_vit", num_classes=7, img_size=32)
+    config = {"architecture": "test_vit"}
+    timm.models.save_for_hf(source, str(tmp_path / "vit"), model_config=config, safe_serialization=True)
+    cfg = load_config(SPEC, [], [*tiny, f"model.init_from={tmp_path / 'vit'}", "data.image_size=48"])
+    cfg.data.num_classes = 10
+    task = Task(cfg, torch.device("cpu"))
+    task.datasets()
+    ours = task.build_model().state_dict()
+    theirs = timm.create_model(f"local-dir:{tmp_path / 'vit'}", pretrained=True, num_classes=10, img_size=48)
+    theirs = theirs.state_dict()
+    assert ours.keys() == theirs.keys() and ours["pos_embed"].shape != source.pos_embed.shape
+    assert [k for k in theirs if not k.startswith("head.") and not torch.equal(ours[k], theirs[k])] == []
+
+
+def test_a_vit_is_made_for_the_training_size_and_validates_at_another(tiny, run_dir):
+    """timm's ViTs take one image size: model.name=timm:test_vit is made for data.image_size=32 (its default
+    is 160) and resizes its position embeddings for a validation at data.val_image_size=48 (FixRes)."""
+    sizes = ["data.image_size=32", "data.val_image_size=48", "trainer.max_steps=2"]
+    assert main([*tiny, "model.name=timm:test_vit", *sizes]) == 0
+    assert [r["val/samples"] for r in read_metrics(run_dir) if "val/samples" in r] == [101]
+
+
+BUILD_FROM_FOLDER = """
+import json, os, sys
+import torch
+from {{ cookiecutter.package_name }}.engine.parallel import distributed, state_dicts
+from {{ cookiecutter.package_name }}.engine.config import load_config
+from {{ cookiecutter.package_name }}.task.config import SPEC
+from {{ cookiecutter.package_name }}.task import task as task_module
+from {{ cookiecutter.package_name }}.task.task import Task
+
+def built_whole(*args, **kwargs):
+    raise AssertionError("the folder's model was built whole")
+
+task_module.build_model = built_whole
+cfg = load_config(SPEC, [], sys.argv[1:])
+env = distributed.setup(cfg.run, cfg.distributed)
+task = Task(cfg, env.device)
+task.datasets()
+model = distributed.build_model(task, env, cfg.distributed, cfg.trainer.precision)
+local = sum(p.to_local().numel() for p in model.parameters())
+weights = state_dicts.full_model_state(model)
+if env.is_main:
+    torch.save(weights, os.environ["WEIGHTS"])
+with open(os.environ["WEIGHTS"] + f".rank{env.rank}.json", "w") as f:
+    json.dump({"local": local}, f)
+distributed.teardown()
+"""
+
+
+@pytest.mark.slow
+def test_a_timm_folder_under_fsdp_goes_into_each_process_shards_as_one_process_loads_it(tiny, tmp_path):
+    """model.init_from under FSDP on 2 processes: the model is never whole (built on the meta device, then
+    sharded), each process holds only its shards of the parameters (together the model, once), and the
+    gathered weights, new classifier included, equal one process's bit for bit."""
+    timm_folder(tmp_path / "convnext")
+    overrides = [*tiny, f"model.init_from={tmp_path / 'convnext'}", "run.seed=3"]
+    script, weights = tmp_path / "build.py", tmp_path / "weights.pt"
+    script.write_text(BUILD_FROM_FOLDER)
+    torchrun(2, [*overrides, "distributed.strategy=fsdp"], script=[str(script)], WEIGHTS=str(weights))
+    sharded = torch.load(weights, weights_only=True)
+    task = Task(load_config(SPEC, [], overrides), torch.device("cpu"))
+    task.datasets()
+    whole = task.build_model()
+    assert sharded.keys() == whole.state_dict().keys()
+    assert [k for k, v in whole.state_dict().items() if not torch.equal(sharded[k], v)] == []
+    total = sum(p.numel() for p in whole.parameters())
+    ranks = [json.loads((tmp_path / f"weights.pt.rank{r}.json").read_text()) for r in (0, 1)]
+    assert sum(rank["local"] for rank in ranks) == total and all(r["local"] < 0.75 * total for r in ranks)
+
+
 @pytest.mark.parametrize(
     "config, error",
     [
         ({"architecture": "no_such_net"}, "has no architecture 'no_such_net'"),
         ({"architectures": ["ResNetForImageClassification"]}, "is a transformers model (ResNetForImageClassification)"),
         (None, "not a timm model folder (config.json and model.safetensors)"),
+        ({"architecture": "test_convnext"}, "its weights do not fit timm's model (unexpected ['w'], missing ["),
     ],
 )
 def test_a_folder_timm_cannot_build_is_refused_in_one_line(config, error, tiny, tmp_path, capsys):

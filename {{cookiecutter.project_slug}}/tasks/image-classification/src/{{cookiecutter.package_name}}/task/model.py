@@ -9,12 +9,15 @@ from __future__ import annotations
 import difflib
 import math
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torchvision
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.modules.module import _IncompatibleKeys
 
 from ..engine.ckpt.checkpoint import load_weights
 from ..engine.errors import ConfigError
@@ -26,10 +29,11 @@ def group_norm(channels: int) -> nn.GroupNorm:
     return nn.GroupNorm(min(32, channels), channels)
 
 
-def build_model(cfg: ModelConfig, num_classes: int) -> nn.Module:
+def build_model(cfg: ModelConfig, num_classes: int, sizes: tuple[int, int] | None = None) -> nn.Module:
     """The classifier with num_classes outputs, from a timm folder (model.init_from) or local weights
-    (model.pretrained), optionally frozen."""
-    model = from_folder(cfg, num_classes) if cfg.init_from else architecture(cfg, num_classes)
+    (model.pretrained), optionally frozen; sizes: the training and validation image sizes, for timm
+    models made for one (a ViT's position embeddings)."""
+    model = from_folder(cfg, num_classes, sizes) if cfg.init_from else architecture(cfg, num_classes, sizes)
     if cfg.pretrained:
         load_pretrained(model, cfg.pretrained)
     if cfg.freeze_backbone:
@@ -62,7 +66,7 @@ def init_module(name: str, module: nn.Module, generator: torch.Generator) -> Non
             module.reset_running_stats()
 
 
-def timm_model(name: str, num_classes: int, drop_path: float) -> nn.Module:
+def timm_model(name: str, num_classes: int, drop_path: float, sizes: tuple[int, int] | None = None) -> nn.Module:
     """timm's model `name` with num_classes outputs and stochastic depth drop_path, initialised as timm
     initialises it; a name timm lacks is refused with the closest ones it has."""
     timm = import_timm(f"model.name={TIMM}{name}: timm models")
@@ -70,33 +74,81 @@ def timm_model(name: str, num_classes: int, drop_path: float) -> nn.Module:
         close = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.6)
         hint = f"did you mean {', '.join(TIMM + c for c in close)}?" if close else "see timm.list_models()"
         raise ConfigError(f"model.name={TIMM}{name}: timm has no such model; {hint}")
-    kwargs = {"num_classes": num_classes}
+    return _create(timm, name, False, num_classes, drop_path, sizes)
+
+
+def _create(timm, name: str, pretrained: bool, num_classes: int, drop_path: float, sizes: tuple[int, int] | None):
+    """timm.create_model with num_classes and, where the model takes them, stochastic depth and the image
+    sizes: a model made for one size (a ViT) is made for the training size, and resizes its position
+    embeddings at run time when validation's differs (FixRes)."""
+    kwargs = {"num_classes": num_classes} | ({"drop_path_rate": drop_path} if drop_path else {})
+    attempts = [{}]
+    if sizes:
+        train, val = sizes
+        attempts.insert(0, {"img_size": train} | ({"dynamic_img_size": True} if val != train else {}))
+    for sized in attempts:
+        try:
+            return timm.create_model(name, pretrained=pretrained, **kwargs, **sized)
+        except TypeError as err:  # an argument this model does not take
+            error = err
     if drop_path:
-        kwargs["drop_path_rate"] = drop_path
-    try:
-        return timm.create_model(name, pretrained=False, **kwargs)
-    except TypeError:  # the model takes no drop_path_rate
         raise ConfigError(f"model.drop_path={drop_path}: timm's {name} has no stochastic depth") from None
+    raise error
 
 
-def from_folder(cfg: ModelConfig, num_classes: int) -> nn.Module:
-    """The model of a timm folder with its weights, through timm's own loader (which adapts them as timm
-    does, e.g. a ViT's position embeddings): the classifier is a fresh one when num_classes differs."""
+def from_folder(cfg: ModelConfig, num_classes: int, sizes: tuple[int, int] | None = None) -> nn.Module:
+    """The model of a timm folder with its weights, whole, through timm's own loader: the classifier is a
+    fresh one when num_classes differs. (For models meta_init cannot fill: see folder_model.)"""
     import timm
 
-    kwargs = {"drop_path_rate": cfg.drop_path} if cfg.drop_path else {}
+    with _folder_errors(cfg):
+        return _create(timm, f"local-dir:{cfg.init_from}", True, num_classes, cfg.drop_path, sizes)
+
+
+def folder_model(
+    cfg: ModelConfig, num_classes: int, sizes: tuple[int, int] | None = None
+) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+    """The model of a timm folder on the meta device (shapes only), and the folder's weights as timm's own
+    loader adapts them to it (a ViT's position embeddings resized, the classifier left out when num_classes
+    differs). timm loads the folder as always, but its last step, the model's load_state_dict, is taken
+    over: the weights then go into each process's shards (meta_init.load), never into a whole model."""
+    import timm
+
+    taken = {}
+
+    def take(module: nn.Module, state_dict: dict, strict: bool = True, assign: bool = False) -> _IncompatibleKeys:
+        taken.update(weights=dict(state_dict), strict=strict)
+        return _IncompatibleKeys([], [])
+
+    with _folder_errors(cfg), torch.device("meta"), mock.patch.object(nn.Module, "load_state_dict", take):
+        model = _create(timm, f"local-dir:{cfg.init_from}", True, num_classes, cfg.drop_path, sizes)
+    weights, expected = taken["weights"], model.state_dict()
+    unexpected, missing = sorted(set(weights) - set(expected)), sorted(set(expected) - set(weights))
+    reshaped = [key for key in weights if key in expected and weights[key].shape != expected[key].shape]
+    if unexpected or reshaped or (missing and taken["strict"]):
+        wrong = [f"unexpected {unexpected[:3]}"] if unexpected else []
+        wrong += [f"missing {missing[:3]}"] if missing and taken["strict"] else []
+        wrong += [f"{key} is {tuple(weights[key].shape)}, the model's {tuple(expected[key].shape)}" for key in reshaped]
+        wrong = ", ".join(wrong[:3])
+        raise ConfigError(f"model.init_from={cfg.init_from!r}: its weights do not fit timm's model ({wrong})")
+    return model, weights
+
+
+@contextmanager
+def _folder_errors(cfg: ModelConfig):
+    """timm's errors on a folder it cannot load (weights that do not fit, a damaged file) as one line."""
     try:
-        return timm.create_model(f"local-dir:{cfg.init_from}", pretrained=True, num_classes=num_classes, **kwargs)
-    except (RuntimeError, ValueError, OSError, KeyError) as err:  # weights that do not fit, a damaged file
+        yield
+    except (RuntimeError, ValueError, OSError, KeyError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(f"model.init_from={cfg.init_from!r}: timm cannot load it ({reason})") from None
 
 
-def architecture(cfg: ModelConfig, num_classes: int) -> nn.Module:
+def architecture(cfg: ModelConfig, num_classes: int, sizes: tuple[int, int] | None = None) -> nn.Module:
     """The classifier's layers, with torchvision's (or timm's) initialisation (on the meta device:
     shapes only)."""
     if cfg.name.startswith(TIMM):
-        return timm_model(cfg.name.removeprefix(TIMM), num_classes, cfg.drop_path)
+        return timm_model(cfg.name.removeprefix(TIMM), num_classes, cfg.drop_path, sizes)
     kwargs = {"num_classes": num_classes}
     if cfg.norm == "group":
         kwargs["norm_layer"] = group_norm

@@ -29,6 +29,8 @@ from .model import (
     architecture,
     build_model,
     classification_loss,
+    folder_model,
+    freeze_backbone,
     init_module,
     timm_param_settings,
     write_timm_folder,
@@ -48,6 +50,7 @@ class Task(seam.Task):
         self.num_classes: int | None = None
         self.mixing = Mixing.of(cfg.data)
         self.class_weights: torch.Tensor | None = None  # data.balance=weights
+        self.sizes = (cfg.data.image_size, cfg.data.val_image_size)  # training and validation image sizes
 
     def datasets(self) -> tuple[Dataset, Dataset]:
         """The training set (by (epoch, index) keys, augmented per sample) and the validation set:
@@ -86,14 +89,29 @@ class Task(seam.Task):
     def build_model(self, device: torch.device | None = None, shard: Callable | None = None) -> nn.Module:
         """The classifier for the data's classes on `device` (default CPU) in the training memory
         format, initialised from run.seed; shard(model) (FSDP) is applied on the meta device, before
-        any weight exists (meta_init.py). Pretrained weights (a file or a timm folder) load into the whole model
-        first."""
+        any weight exists (meta_init.py). A timm folder's weights (model.init_from) go into each
+        process's shards, and a new classifier is drawn from run.seed, so 1 and N processes start
+        alike; a model meta_init cannot fill (a tensor made in its constructor), and a weights file
+        (model.pretrained), load into the whole model first."""
         device = device or torch.device("cpu")
+        if self.cfg.model.init_from:
+            model, weights = folder_model(self.cfg.model, self.num_classes, self.sizes)
+            if meta_init.loadable(model, weights, INIT_TYPES):  # else built whole, below
+                if self.cfg.model.freeze_backbone:
+                    freeze_backbone(model)
+                model = model.to(memory_format=self.inputs.memory_format)
+                model = shard(model) if shard else model
+                model.to_empty(device=device)
+                meta_init.load(model, weights, self.cfg.run.seed, init_module)
+                return model
+            del weights
         if self.cfg.model.pretrained or self.cfg.model.init_from:
-            model = build_model(self.cfg.model, self.num_classes).to(device, memory_format=self.inputs.memory_format)
+            model = build_model(self.cfg.model, self.num_classes, self.sizes)
+            model = model.to(device, memory_format=self.inputs.memory_format)
             return shard(model) if shard else model
+        layout = self.inputs.memory_format
         model, _ = meta_init.build(
-            lambda: architecture(self.cfg.model, self.num_classes).to(memory_format=self.inputs.memory_format),
+            lambda: architecture(self.cfg.model, self.num_classes, self.sizes).to(memory_format=layout),
             init_module,
             INIT_TYPES,
             device,
@@ -128,11 +146,11 @@ class Task(seam.Task):
         """val/loss, val/acc and val/samples over the whole validation set."""
         return evaluate_model(model, loader, self.inputs, self.cfg.trainer.precision)
 
-    def evaluate(self, model: nn.Module, loader: DataLoader, flags: set[str]) -> tuple[dict, dict]:
+    def evaluate(self, model: nn.Module, loader: DataLoader, options: dict[str, str | None]) -> tuple[dict, dict]:
         """The evaluate command: validate's metrics (with --tta, of each image and its mirror image), the
         balanced accuracy, and reports confusion.json (the confusion matrix, each class's accuracy) and,
         with matplotlib (the plot extra), confusion.png."""
-        tta = "--tta" in flags
+        tta = "--tta" in options
         metrics = evaluate_model(
             model, loader, self.inputs, self.cfg.trainer.precision, tta=tta, confusion=self.num_classes
         )
