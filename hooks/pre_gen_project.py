@@ -52,6 +52,7 @@ RESERVED_PACKAGE_NAMES = frozenset(
         "peft",  # the tests load its PEFT adapter export in peft
         "torchao",  # model.quantize=nf4: the NF4 weights of QLoRA
         "timm",  # the image task's model.name=timm:NAME
+        "lm_eval",  # the language model's evaluate --tasks (lm-evaluation-harness)
         # torch's own dependencies: shadowing one breaks `import torch` itself
         "sympy",
         "isympy",

@@ -73,7 +73,8 @@ TASK_FILES = {
     "language-model": {
         *TASK_CONFIGS,
         *(f"src/PKG/task/{module}.py" for module in TASK_MODULES),
-        *(f"src/PKG/task/{m}.py" for m in ("tokenizer", "generate", "chat")),
+        *(f"src/PKG/task/{m}.py" for m in ("tokenizer", "generate", "chat", "sampling")),
+        "src/PKG/task/benchmarks.py",  # evaluate --tasks: lm-evaluation-harness
         *(f"src/PKG/task/model/{m}.py" for m in ("__init__", "build", "blocks", "gpt2", "llama")),
         "src/PKG/task/model/hf.py",  # Hugging Face folders in and out
         "src/PKG/task/model/lora.py",  # adapters: LoRA, rsLoRA, DoRA, NF4 (QLoRA)
@@ -87,6 +88,7 @@ TASK_FILES = {
         "tests/task/test_chat_tokens.py",  # conversations' ids under each tokenizer style
         "tests/task/hf_folders.py",  # small Hugging Face folders the tests make
         "tests/task/test_lora.py",  # adapters
+        "tests/task/test_benchmarks.py",  # lm-evaluation-harness tasks
         "tests/task/fixtures/flat_layout_step_3.checkpoint",  # the flat layout's, before task/
     },
 }

@@ -15,8 +15,8 @@ writes them to <output_dir>/eval.json, where output_dir is run.output_dir as giv
 line (an override or a --config file) or, for --checkpoint PATH alone, the folder beside it: the
 run directory for a run's checkpoints/step_N.pt (so a run's eval.json sits next to its
 metrics.jsonl, as with run.output_dir), else the checkpoint's own folder. The task may add
-reports (Task.evaluate), written to <output_dir>/eval/ and listed under "reports", and switches of
-its own (TaskSpec.evaluate_flags).
+reports (Task.evaluate), written to <output_dir>/eval/ and listed under "reports", and switches and
+options of its own (TaskSpec.evaluate_flags, TaskSpec.evaluate_options; --help lists them).
 
 Errors are one `error: ...` line on stderr: exit 2 for bad input (configuration, data,
 checkpoint), 1 when an output cannot be written or CUDA runs out of memory (engine/cli.py).
@@ -32,7 +32,7 @@ import torch
 
 from .engine import PACKAGE, cli
 from .engine.ckpt.files import atomic_write, writing
-from .engine.ckpt.restore import beside, load_model_weights, restore_trained, trained_step
+from .engine.ckpt.restore import beside, load_model_weights, restore_trained, take_options, trained_step
 from .engine.config import Config
 from .engine.errors import OutOfMemory
 from .engine.loaders import build_val_loader, shut_down_workers
@@ -40,9 +40,9 @@ from .engine.parallel import distributed
 from .task.config import SPEC
 
 
-def evaluate_checkpoint(cfg: Config, path: Path, state: dict, flags: set[str] = frozenset()) -> tuple[dict, dict, bool]:
+def evaluate_checkpoint(cfg: Config, path: Path, state: dict, options: dict | None = None) -> tuple[dict, dict, bool]:
     """The validation metrics of a checkpoint (on every process), the task's reports (Task.evaluate: file
-    name -> writer) and whether this is the main process."""
+    name -> writer) and whether this is the main process. options: the task's own, given (Task.evaluate)."""
     from .task.task import Task  # here, not above: it brings the task's libraries, which --help does without
 
     env = distributed.setup(cfg.run, cfg.distributed)
@@ -54,7 +54,7 @@ def evaluate_checkpoint(cfg: Config, path: Path, state: dict, flags: set[str] = 
         try:
             model = task.build_model(env.device)
             load_model_weights(model, state, path, task.frozen_weights())
-            return (*task.evaluate(model, val_loader, flags), env.is_main)
+            return (*task.evaluate(model, val_loader, options or {}), env.is_main)
         finally:
             shut_down_workers(val_loader)
     finally:
@@ -67,10 +67,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _evaluate(argv: list[str]) -> int:
-    flags = {arg for arg in argv if arg in SPEC.evaluate_flags}
-    cfg, path, state = restore_trained(SPEC, [arg for arg in argv if arg not in flags], f"{PACKAGE}.evaluate")
+    given, argv = take_options(argv, tuple(SPEC.evaluate_options))
+    options = {name: value for name, value in given.items() if value is not None}
+    options |= dict.fromkeys(arg for arg in argv if arg in SPEC.evaluate_flags)
+    argv = [arg for arg in argv if arg not in SPEC.evaluate_flags]
+    cfg, path, state = restore_trained(SPEC, argv, f"{PACKAGE}.evaluate")
     try:
-        metrics, reports, is_main = evaluate_checkpoint(cfg, path, state, flags)
+        metrics, reports, is_main = evaluate_checkpoint(cfg, path, state, options)
     except torch.OutOfMemoryError:
         raise OutOfMemory(f"CUDA out of memory; lower data.batch_size (now {cfg.data.batch_size})") from None
     if is_main:

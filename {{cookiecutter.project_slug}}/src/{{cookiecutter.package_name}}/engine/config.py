@@ -437,6 +437,10 @@ def help_text(spec: TaskSpec, program: str) -> str:
     defaults = OmegaConf.to_object(_defaults(spec))
     for key, leaf, owner in leaves(config_class(spec)):
         lines.append(f"  {key} ({_get(defaults, key)!r})\n      {field_docs(owner).get(leaf.name, '')}")
+    if program.endswith(".evaluate") and (spec.evaluate_flags or spec.evaluate_options):
+        lines += ["", "Options of this task:"]
+        lines += [f"  {name}\n      {text}" for name, text in spec.evaluate_flags.items()]
+        lines += [f"  {name} VALUE\n      {text}" for name, text in spec.evaluate_options.items()]
     return "\n".join(lines)
 
 

@@ -98,6 +98,9 @@ class TaskSpec:
     """PACKAGE.plot's validation panel: (y label, ((metrics.jsonl key, line label), ...))."""
     evaluate_flags: dict[str, str] = field(default_factory=dict)
     """The evaluate command's own switches of this task ({"--switch": "what it does"}), handed to Task.evaluate."""
+    evaluate_options: dict[str, str] = field(default_factory=dict)
+    """The evaluate command's own options that take a value ({"--option": "what it sets"}: --option VALUE or
+    --option=VALUE), handed to Task.evaluate."""
 
     def __post_init__(self):
         if self.monitor not in self.metrics:
@@ -178,9 +181,12 @@ class Task(abc.ABC):
         command line names others) and refuses one whose hash differs."""
         return None
 
-    def evaluate(self, model: nn.Module, loader, flags: set[str]) -> tuple[dict, dict[str, Callable[[Path], None]]]:
+    def evaluate(
+        self, model: nn.Module, loader, options: dict[str, str | None]
+    ) -> tuple[dict, dict[str, Callable[[Path], None]]]:
         """The evaluate command's metrics (by default validate's) and its reports: {file name: write(path)},
-        written by the main process into RUN/eval/. flags: the TaskSpec.evaluate_flags given."""
+        written by the main process into RUN/eval/. options: the TaskSpec.evaluate_flags given (value None)
+        and the TaskSpec.evaluate_options given, with their values."""
         return self.validate(model, loader), {}
 
     def summary(self, metrics: dict) -> str:

@@ -100,7 +100,7 @@ def load(
     init_module: Callable[[str, nn.Module, torch.Generator], None],
 ) -> None:
     """Fill a model materialised from the meta device (model.to_empty) from whole weights, each
-    process copying in its shards; a module weights lacks a tensor of (a new classifier) is drawn
+    process copying in its shards; a module weights lacks a tensor of (a new output layer) is drawn
     by init_module from its (run.seed, name) generator first, as `initialise` draws it."""
     for name, module in model.named_modules():
         tensors = _own(module)

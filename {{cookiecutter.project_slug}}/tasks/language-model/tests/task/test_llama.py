@@ -16,8 +16,8 @@ from {{ cookiecutter.package_name }}.export import main as export_main
 from {{ cookiecutter.package_name }}.generate import main as generate_main
 from {{ cookiecutter.package_name }}.prepare import main as prepare_main
 from {{ cookiecutter.package_name }}.task.config import SPEC, ModelConfig
-from {{ cookiecutter.package_name }}.task.generate import sample
 from {{ cookiecutter.package_name }}.task.model import PRESETS, ModelShape, architecture, build_model, hf
+from {{ cookiecutter.package_name }}.task.sampling import sample
 from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main
 

@@ -294,4 +294,21 @@ SPEC = TaskSpec(
     stored_defaults={"model.arch": "gpt2"},
     memory_hint="a smaller data.seq_len or model.preset",
     plot_panel=("bits per byte", (("val/bpb", "val bits/byte"),)),
+    # evaluate --tasks: lm-evaluation-harness tasks on the checkpoint's model (benchmarks.py).
+    evaluate_options={
+        "--tasks": "lm-evaluation-harness tasks, comma-separated (hellaswag,arc_easy,...): their scores as well",
+        "--limit": "items per task: a count, or a fraction below 1 (default: all)",
+        "--num-fewshot": "examples before each item (default: each task's own)",
+        "--task-data": "local copies of tasks' data, NAME=PATH[,NAME=PATH]: a save_to_disk folder, .jsonl or .parquet",
+        "--include": "a folder of your own task YAMLs (the harness's include path)",
+    },
+    evaluate_flags={"--apply-chat-template": "with --tasks: each item as a conversation in the run's chat template"},
 )
+
+
+def require_harness() -> None:
+    """lm-evaluation-harness is importable, or a one-line error that names the extra installing it."""
+    try:
+        import lm_eval.api.model  # noqa: F401
+    except ImportError:
+        raise ConfigError("--tasks needs lm-evaluation-harness: pip install -e '.[eval]'") from None

@@ -9,6 +9,7 @@ its own commands (__init__.py lists what lives where).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -23,6 +24,7 @@ from ..engine.config import Config
 from ..engine.errors import ConfigError, DataError
 from ..engine.parallel import meta_init
 from .chat import CHATML, ChatTemplate
+from .config import require_harness
 from .data import IGNORE, DeviceWindows, Packs, TokenData, build_datasets
 from .model import INIT_TYPES, ModelShape, architecture, hf, init_module, lm_loss, lora
 from .tokenizer import FOLDER, HFTokenizer, describe, identity, read_identity, read_tokenizer, tokenizer_files
@@ -219,6 +221,24 @@ class Task(seam.Task):
             metrics["val/loss_floor"] = self.data.loss_floor
         return metrics
 
+    def evaluate(self, model: nn.Module, loader: DataLoader, options: dict[str, str | None]) -> tuple[dict, dict]:
+        """The evaluate command: validate's metrics and, with --tasks, lm-evaluation-harness scores
+        (eval/TASK/METRIC) with a report per task (TASK.json): benchmarks.py."""
+        metrics = self.validate(model, loader)
+        if "--tasks" not in options:
+            if unused := sorted(set(options) - {"--tasks"}):
+                raise ConfigError(f"{', '.join(unused)} go with --tasks")
+            return metrics, {}
+        require_harness()
+        from .benchmarks import HarnessModel, Request, run_tasks
+
+        request = Request.of(options)
+        precision, batch = self.cfg.trainer.precision, self.cfg.data.batch_size
+        harness = HarnessModel(model, self.data.tokenizer, self.device, precision, batch, chat=request.chat)
+        scores, reports = run_tasks(harness, request)
+        writers = {f"{task}.json": partial(_write_json, report) for task, report in reports.items()}
+        return {**metrics, **scores}, writers
+
     def summary(self, metrics: dict) -> str:
         floor = f" (floor {metrics['val/loss_floor']:.4f})" if "val/loss_floor" in metrics else ""
         return (
@@ -256,3 +276,7 @@ class Task(seam.Task):
         tokens = torch.zeros(2, max(seq_len, 2), dtype=torch.long)
         dims = {0: torch.export.Dim("batch", min=1, max=4096), 1: torch.export.Dim("time", min=1, max=seq_len)}
         return (tokens,), (dims,)
+
+
+def _write_json(value: dict, path: Path) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")

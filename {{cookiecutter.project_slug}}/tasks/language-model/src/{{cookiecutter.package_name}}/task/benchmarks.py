@@ -1,0 +1,440 @@
+"""Benchmarks: lm-evaluation-harness tasks on the model in memory, offline, on 1 or N processes.
+
+    python -m PACKAGE.evaluate run.output_dir=runs/sft --tasks hellaswag --task-data hellaswag=data/hellaswag
+    python -m PACKAGE.evaluate run.output_dir=runs/sft --tasks my_task --include my_tasks/ --limit 100
+    torchrun --nproc_per_node=4 -m PACKAGE.evaluate run.output_dir=runs/sft --tasks arc_easy,piqa --num-fewshot 5
+
+HarnessModel is the harness's model (its TemplateLM interface) over this project's model and
+tokenizer, treating them as the harness's own HFLM treats a `transformers` model: the same
+tokenization (special tokens added as the tokenizer's post-processor adds them, the prefix token
+before an empty context), the same log-likelihoods (context + continuation in one forward pass, in
+the run's precision, log-softmax in float32), greedy generation with the key/value cache until a
+stop string. So the scores equal the harness's on `export --format hf`, item for item. One
+difference: an input longer than the model's context is refused in one line, where HFLM cuts it
+silently, since a score over cut inputs is not the benchmark's.
+
+On N processes the harness gives each process every N-th item and gathers the per-item results on
+the first, so the scores do not depend on the process count. Each process holds the whole model
+(evaluate builds it whole, for FSDP runs too).
+
+Data: a task reads its data set through `datasets`, from the hub or its cache. --task-data NAME=PATH
+serves a local copy instead (a save_to_disk folder, a folder of SPLIT.jsonl or SPLIT.parquet files, or
+one such file, which then serves every split the task reads); --include DIR adds the user's own task
+YAMLs (the harness's include path). A task whose data cannot be read fails in one line that names
+the `datasets` command to fetch it where the hub is reachable.
+
+This module imports the harness: import it only when --tasks is given (task.py does), after
+`require_harness`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import hashlib
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from unittest import mock
+
+import datasets
+import lm_eval
+import torch
+import torch.distributed as dist
+from lm_eval import evaluator
+from lm_eval.api.model import TemplateLM
+from lm_eval.tasks import TaskManager
+from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+from torch import nn
+from torch.nn import functional as F
+
+from ..engine.errors import ConfigError, DataError
+from ..engine.step import autocast
+from .chat import ChatTemplate, special_tokens
+from .sampling import sample
+
+log = logging.getLogger(__name__)
+
+MAX_GEN_TOKS = 256  # what a generation task may write when it does not say (HFLM's default)
+
+
+class HarnessModel(TemplateLM):
+    """This project's model and tokenizer as an lm-evaluation-harness model (TemplateLM).
+
+    batch_size items are scored per forward pass, longest first (padding on the right, which a causal
+    model never attends to). rank and world_size: this process among those evaluating together
+    (torch.distributed), whose results the harness gathers."""
+
+    def __init__(self, model: nn.Module, tokenizer, device: torch.device, precision: str, batch_size: int, chat=False):
+        super().__init__()
+        if tokenizer.eot is None:
+            raise ConfigError(
+                "--tasks: this tokenizer has no end of text (the synthetic source's); benchmarks need text"
+            )
+        self.model, self.text, self._device = model.eval(), tokenizer, device
+        self.precision, self.batch_size = precision, batch_size
+        self.template = ChatTemplate.of(tokenizer) if chat else None
+        self.special = special_tokens(getattr(tokenizer, "companions", {}))
+        self.context = model.shape.positions  # what HFLM reads from the export's config.json
+        self.vocab = tokenizer.vocab_size
+        if dist.is_available() and dist.is_initialized():
+            self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+        self.tasks: list[str] = []  # the task of each log-likelihood request, for error messages
+        self.generator = torch.Generator(device).manual_seed(1234)  # sampled generation only (the harness's seed)
+
+    # --- the tokenizer, as HFLM uses a transformers tokenizer ---
+    @property
+    def eot_token_id(self) -> int:
+        return self.text.eot
+
+    @property
+    def prefix_token_id(self) -> int:
+        """The token before an empty context: the tokenizer's beginning of sequence, else its end of text."""
+        return self._bos if self._bos is not None else self.text.eot
+
+    @property
+    def _bos(self) -> int | None:
+        """The beginning-of-sequence token the tokenizer's files name (tokenizer_config.json), if any."""
+        bos, encoder = self.special.get("bos_token"), getattr(self.text, "tokenizer", None)
+        return encoder.token_to_id(bos) if bos and encoder is not None else None
+
+    @property
+    def max_length(self) -> int:
+        return self.context
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        """The ids of string; with add_special_tokens None (the harness's default) the special tokens the
+        tokenizer's post-processor adds (a Llama tokenizer's beginning of sequence) are added, as
+        transformers adds them, unless the string already starts with the prefix token."""
+        encoder = getattr(self.text, "tokenizer", None)
+        if encoder is None:  # bytes: no special tokens
+            return self.text.encode(string)
+        if add_special_tokens is None:
+            prefix = encoder.id_to_token(self.prefix_token_id) or ""
+            add_special_tokens = not (prefix and string.startswith(prefix))
+        return encoder.encode(string, add_special_tokens=add_special_tokens).ids
+
+    def tok_decode(self, ids: list[int]) -> str:
+        return self.text.decode(ids)
+
+    # --- the three kinds of request ---
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        self.tasks = [request.task_name for request in requests]  # for _too_long's message
+        return super().loglikelihood(requests, disable_tqdm=True)  # (its bar is for tokenizing, which is quick)
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        """(sum of the continuation's log-probabilities, whether greedy decoding would write it) of each
+        (strings, context ids, continuation ids)."""
+        items = [(context + continuation, len(continuation)) for _, context, continuation in requests]
+        for i, ((strings, _, _), (ids, _)) in enumerate(zip(requests, items, strict=True)):
+            if len(ids) - 1 > self.context:
+                raise self._too_long(len(ids) - 1, strings, self.tasks[i] if len(self.tasks) == len(items) else "?")
+        results: list[tuple[float, bool] | None] = [None] * len(items)
+        order = sorted(range(len(items)), key=lambda i: -len(items[i][0]))  # similar lengths batch together
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            logprobs = self._logprobs([items[i][0][:-1] for i in batch])
+            for row, i in enumerate(batch):
+                ids, length = items[i]
+                inputs = len(ids) - 1
+                scores = logprobs[row, inputs - length : inputs]
+                targets = torch.tensor(ids[-length:], device=scores.device)
+                picked = scores.gather(-1, targets[:, None]).squeeze(-1)
+                results[i] = (float(picked.sum()), bool((scores.argmax(-1) == targets).all()))
+        return results
+
+    def _logprobs(self, inputs: list[list[int]]) -> torch.Tensor:
+        """log_softmax of the model's logits for inputs padded on the right: [batch, longest, vocabulary rows]."""
+        longest = max(len(ids) for ids in inputs)
+        batch = torch.zeros(len(inputs), longest, dtype=torch.long)
+        for row, ids in enumerate(inputs):
+            batch[row, : len(ids)] = torch.tensor(ids)
+        with torch.no_grad(), autocast(self._device, self.precision):
+            logits = self.model(batch.to(self._device))
+        return F.log_softmax(logits.float(), dim=-1)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        """The log-likelihood of each whole string (perplexity tasks), in windows of the model's context
+        that each predict new tokens only, the first after the prefix token (as HFLM cuts them)."""
+        results = []
+        for request in requests:
+            (string,) = request.args
+            windows = [
+                make_disjoint_window(window)
+                for window in get_rolling_token_windows(
+                    token_list=self.tok_encode(string),
+                    prefix_token=self.prefix_token_id,
+                    max_seq_len=self.context,
+                    context_len=1,
+                )
+            ]
+            scored = self._loglikelihood_tokens([((string, ""), context, target) for context, target in windows])
+            results.append(sum(logprob for logprob, _ in scored))
+        return results
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """Each context continued greedily (or sampled, where the task asks for a temperature) until one of
+        its stop strings or the end of text, at most max_gen_toks tokens; the text before the first stop."""
+        return [self._generate(*request.args, request.task_name) for request in requests]
+
+    def _generate(self, context: str, settings: dict, task: str) -> str:
+        settings = dict(settings)
+        until = settings.pop("until", None) or []
+        until = [until] if isinstance(until, str) else list(until)
+        most = int(settings.pop("max_gen_toks", MAX_GEN_TOKS))
+        sampled = settings.get("do_sample", False) or float(settings.get("temperature") or 0) > 0
+        temperature = float(settings.get("temperature") or 1.0) if sampled else 0.0
+        prompt = self.tok_encode(context)
+        if len(prompt) > self.context:
+            raise self._too_long(len(prompt), (context, ""), task)
+        eot = self.text.eot
+
+        def stop(new: list[int]) -> bool:
+            return new[-1] == eot or any(term in self.text.decode(new) for term in until)
+
+        with autocast(self._device, self.precision):
+            new = sample(
+                self.model, prompt, most, self.context, temperature, 0, self.generator, vocab=self.vocab, stop=stop
+            )
+        text = self.text.decode([i for i in new if i != eot])
+        for term in until:
+            text = text.split(term)[0]
+        return text
+
+    def _too_long(self, tokens: int, strings: tuple, task: str) -> DataError:
+        start = (strings[0] or "")[:40].replace("\n", " ")
+        return DataError(
+            f"--tasks {task}: an item takes {tokens} tokens, more than the model's context of "
+            f"{self.context} (it starts {start!r}); try fewer --num-fewshot examples or a model with a longer context"
+        )
+
+    # --- chat templates (--apply-chat-template) ---
+    def apply_chat_template(self, chat_history: list[dict], add_generation_prompt: bool = True) -> str:
+        return self.template.render(chat_history, add_generation_prompt=add_generation_prompt)
+
+    @property
+    def tokenizer_name(self) -> str:
+        return hashlib.sha256((self.template.source if self.template else "").encode()).hexdigest()[:16]
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        return self.template.source if chat_template and self.template else None
+
+    # --- processes evaluating together ---
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        parts = [torch.zeros_like(tensor) for _ in range(self._world_size)]
+        dist.all_gather(parts, tensor)
+        return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
+
+    def gather_object(self, obj, dst: int = 0):
+        parts = [None] * self._world_size if self._rank == dst else None
+        dist.gather_object(obj, parts, dst=dst)
+        return parts
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+
+# --- tasks and their data ---
+@dataclass
+class Request:
+    """What evaluate --tasks (or trainer.eval_tasks) asks of the harness."""
+
+    tasks: list[str]
+    limit: float | None = None
+    num_fewshot: int | None = None
+    task_data: dict[str, str] | None = None
+    include: str | None = None
+    chat: bool = False
+
+    @classmethod
+    def of(cls, options: dict[str, str | None]) -> Request:
+        """From evaluate's options (--tasks, --limit, --num-fewshot, --task-data, --include,
+        --apply-chat-template), each checked."""
+        tasks = [name.strip() for name in (options.get("--tasks") or "").split(",") if name.strip()]
+        if not tasks:
+            raise ConfigError("--tasks needs at least one task name, e.g. --tasks hellaswag,arc_easy")
+        limit = options.get("--limit")
+        fewshot = options.get("--num-fewshot")
+        try:
+            limit = float(limit) if limit is not None else None
+            fewshot = int(fewshot) if fewshot is not None else None
+        except ValueError:
+            raise ConfigError(f"--limit {limit!r} or --num-fewshot {fewshot!r} is not a number") from None
+        if (limit is not None and limit <= 0) or (fewshot is not None and fewshot < 0):
+            raise ConfigError("--limit must be above 0 and --num-fewshot at least 0")
+        task_data = {}
+        for pair in (options.get("--task-data") or "").split(","):
+            if pair.strip():
+                name, equals, path = pair.partition("=")
+                if not equals or not name.strip() or not path.strip():
+                    raise ConfigError(f"--task-data {pair!r}: write NAME=PATH, e.g. hellaswag=data/hellaswag")
+                task_data[name.strip()] = path.strip()
+        if given := sorted(set(task_data) - set(tasks)):
+            raise ConfigError(f"--task-data names {', '.join(given)}, which --tasks does not")
+        include = options.get("--include")
+        if include is not None and not Path(include).is_dir():
+            raise ConfigError(f"--include {include!r}: no such folder")
+        return cls(tasks, limit if limit is None or limit < 1 else int(limit), fewshot, task_data, include,
+                   "--apply-chat-template" in options)  # fmt: skip
+
+
+def load_tasks(request: Request) -> tuple[list, TaskManager]:
+    """The harness's tasks (and groups) request names, each built with its data (--task-data's local copy,
+    else the `datasets` hub or cache); an unknown name or unreadable data is a one-line error. Tasks all
+    found in --include are looked up there alone: indexing the harness's own 15,000 takes 6 s."""
+    manager = TaskManager(include_path=request.include, include_defaults=False) if request.include else None
+    if manager is None or not set(request.tasks) <= set(manager.all_tasks):
+        manager = TaskManager(include_path=request.include)
+    built = []
+    for name in request.tasks:
+        if name not in manager.all_tasks:
+            close = difflib.get_close_matches(name, manager.all_tasks, n=3)
+            hint = f"did you mean {', '.join(close)}?" if close else "see lm_eval ls tasks"
+            where = f" or in --include {request.include}" if request.include else ""
+            raise ConfigError(f"--tasks {name}: no such task in lm-evaluation-harness{where}; {hint}")
+        local = request.task_data.get(name) if request.task_data else None
+        with _data(name, local):
+            loaded = manager.load([name])
+        if name in loaded["groups"]:
+            built.append(loaded["groups"][name])
+        elif name in loaded["tasks"]:
+            built.append(loaded["tasks"][name])
+        else:  # a tag: its tasks
+            built.extend(loaded["tasks"].values())
+    return built, manager
+
+
+BUILDERS = ("json", "parquet", "csv", "text", "arrow")  # datasets' readers of files the task names
+
+
+@contextlib.contextmanager
+def _data(task: str, local: str | None) -> Iterator[None]:
+    """While a task is built: its data from local (a path) when given, else through datasets.load_dataset,
+    whose failure becomes one line naming what fetches the data set."""
+    real = datasets.load_dataset
+    asked = {}
+
+    def load(path=None, name=None, *args, **kwargs):
+        asked.update(path=path, name=name, files=kwargs.get("data_files"))
+        return local_dataset(local, task, real) if local else real(path, name, *args, **kwargs)
+
+    try:
+        with mock.patch.object(datasets, "load_dataset", load):
+            yield
+    except (ConfigError, DataError):
+        raise
+    except Exception as err:  # datasets and the hub raise many kinds (ConnectionError, FileNotFoundError, ...)
+        if not asked:
+            raise DataError(f"--tasks {task}: the harness cannot build it ({_first_line(err)})") from None
+        local_copy = f"--task-data {task}=PATH for a local copy"
+        if asked["path"] in BUILDERS:  # the task reads files of its own
+            raise DataError(
+                f"--tasks {task}: its data files ({asked['path']}: {asked['files']}) cannot be read "
+                f"({_first_line(err)}); pass {local_copy}"
+            ) from None
+        named = f", {asked['name']!r}" if asked["name"] else ""
+        fetch = f"datasets.load_dataset({asked['path']!r}{named}).save_to_disk('data/{task}')"
+        raise DataError(
+            f"--tasks {task}: its data ({asked['path']}{'/' + asked['name'] if asked['name'] else ''}) is neither "
+            f"local nor reachable ({_first_line(err)}); where the hub is reachable run "
+            f'python -c "import datasets; {fetch}", then pass --task-data {task}=data/{task}'
+        ) from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+
+
+class AnySplit(datasets.DatasetDict):
+    """One file's records as every split a task asks for."""
+
+    def __missing__(self, split: str) -> datasets.Dataset:
+        return self["all"]
+
+    def __contains__(self, split: object) -> bool:
+        return True
+
+
+READERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def local_dataset(path: str, task: str, load_dataset=datasets.load_dataset) -> datasets.DatasetDict:
+    """--task-data's copy: a save_to_disk folder, a folder of SPLIT.jsonl / SPLIT.parquet files, or one file
+    (read with load_dataset: datasets' own, which _data stands in for while a task is built)."""
+    where = Path(path)
+    try:
+        if (where / "dataset_dict.json").is_file() or (where / "dataset_info.json").is_file():
+            loaded = datasets.load_from_disk(str(where))
+            return loaded if isinstance(loaded, datasets.DatasetDict) else AnySplit(all=loaded)
+        if where.is_dir():
+            files = {file.stem: file for file in sorted(where.iterdir()) if file.suffix in READERS}
+            kinds = {READERS[file.suffix] for file in files.values()}
+            if len(kinds) == 1:
+                return load_dataset(kinds.pop(), data_files={s: str(f) for s, f in files.items()})
+        elif where.suffix in READERS and where.is_file():
+            return AnySplit(all=load_dataset(READERS[where.suffix], data_files=str(where), split="train"))
+    except Exception as err:  # datasets raises many kinds on a damaged file
+        raise DataError(f"--task-data {task}={path}: unreadable ({_first_line(err)})") from None
+    raise DataError(
+        f"--task-data {task}={path}: not a save_to_disk folder, a folder of SPLIT.jsonl or SPLIT.parquet files, "
+        "or a .jsonl, .json or .parquet file"
+    )
+
+
+# --- running them ---
+SCORES = ("acc", "acc_norm", "exact_match", "f1", "word_perplexity", "bits_per_byte")
+
+
+def run_tasks(lm: HarnessModel, request: Request) -> tuple[dict, dict[str, dict]]:
+    """The request's scores: flat metrics {eval/TASK/METRIC: value} (stderrs as eval/TASK/METRIC_stderr), and
+    on the first process a report per task {TASK.json: {...}} with its scores, its item count, the harness's
+    version and a hash of the task's configuration (empty on the others)."""
+    built, manager = load_tasks(request)
+    harness = logging.getLogger("lm_eval")
+    level, harness.level = harness.level, max(harness.level, logging.WARNING)
+    try:  # (the harness asks git for a commit hash, whose "not a git repository" would be printed)
+        with mock.patch.object(evaluator, "get_git_commit_hash", lambda: None):
+            results = evaluator.simple_evaluate(
+                model=lm,
+                tasks=built,
+                num_fewshot=request.num_fewshot,
+                limit=request.limit,
+                task_manager=manager,
+                apply_chat_template=request.chat,
+                log_samples=False,
+                bootstrap_iters=1000,
+            )
+    finally:
+        harness.level = level
+    if lm.world_size > 1:  # every process gets the first one's results: they all log the same scores
+        shared = [results]
+        dist.broadcast_object_list(shared, src=0)
+        results = shared[0]
+    version = lm_eval.__version__
+    metrics, reports = {}, {}
+    for task, scores in results["results"].items():
+        kept = {}
+        for key, value in scores.items():
+            metric, comma, kind = key.partition(",")  # "acc,none", "acc_stderr,none", "exact_match,strict-match"
+            if comma and isinstance(value, (int, float)):
+                name = metric if kind == "none" else f"{metric}_{kind}"
+                kept[name] = metrics[f"eval/{task}/{name}"] = value
+        config = json.dumps(results["configs"].get(task, {}), sort_keys=True, default=str)
+        reports[task] = {
+            "task": task,
+            "scores": kept,
+            "items": results.get("n-samples", {}).get(task, {}).get("effective"),
+            "num_fewshot": results.get("n-shot", {}).get(task),
+            "limit": request.limit,
+            "chat_template": request.chat,
+            "harness_version": version,
+            "config_sha256": hashlib.sha256(config.encode()).hexdigest(),
+        }
+    return metrics, reports
