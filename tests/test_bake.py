@@ -23,6 +23,7 @@ ENGINE = [
     *("__init__", "seam", "config", "errors", "loop", "cli", "rundir", "metrics", "trackers"),
     *("optim", "state", "step", "loaders", "ema", "preemption", "profiler", "provenance"),
     "launcher",
+    "monitor",
     *("torch_private", "ckpt/__init__", "ckpt/files", "ckpt/names", "ckpt/checkpoint"),
     "ckpt/sharded",
     *("ckpt/restore", "parallel/__init__", "parallel/distributed", "parallel/meta_init"),
@@ -74,7 +75,8 @@ TASK_FILES = {
         *TASK_CONFIGS,
         *(f"src/PKG/task/{module}.py" for module in TASK_MODULES),
         *(f"src/PKG/task/{m}.py" for m in ("tokenizer", "generate", "chat", "sampling")),
-        "src/PKG/task/benchmarks.py",  # evaluate --tasks: lm-evaluation-harness
+        "src/PKG/task/benchmarks.py",  # evaluate --tasks, trainer.eval_tasks: lm-evaluation-harness
+        "src/PKG/task/harness_tasks.py",  # its tasks and their local data
         *(f"src/PKG/task/model/{m}.py" for m in ("__init__", "build", "blocks", "gpt2", "llama")),
         "src/PKG/task/model/hf.py",  # Hugging Face folders in and out
         "src/PKG/task/model/lora.py",  # adapters: LoRA, rsLoRA, DoRA, NF4 (QLoRA)

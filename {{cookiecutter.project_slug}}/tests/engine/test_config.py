@@ -24,10 +24,10 @@ def test_default_yaml_spells_out_the_defaults():
     assert load_config(SPEC, [CONFIGS / "default.yaml"]) == load_config(SPEC)
     spelled = yaml.safe_load((CONFIGS / "default.yaml").read_text())
 
-    def keys(mapping: dict, prefix: str = "") -> list[str]:  # a group (model.lora) leaf by leaf
+    def keys(mapping: dict, prefix: str = "") -> list[str]:  # a group (model.lora) leaf by leaf; {}: a key
         found = []
         for key, value in mapping.items():
-            found += keys(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"]
+            found += keys(value, f"{prefix}{key}.") if isinstance(value, dict) and value else [f"{prefix}{key}"]
         return found
 
     assert sorted(keys(spelled)) == sorted(all_keys(SPEC))
@@ -54,6 +54,32 @@ OTHER = TaskSpec(
     data=Points, model=Line, metrics={"val/loss": "min"}, monitor="val/loss", choices={"data.count": (10, 20)},
     validate=_positive_slope, defaults={"optim": {"lr": 0.5}},
 )  # fmt: skip
+
+
+def test_benchmark_keys_need_a_task_that_scores_them_and_values_that_can_work():
+    """trainer.eval_tasks for a task without benchmarks (TaskSpec.benchmarks None) is refused; for one with
+    them, so are an eval_every that is not a multiple of val_every, a limit of 0, eval_task_data or eval_every
+    without a task to go with, and a monitored benchmark scored less often than validation runs. A monitored
+    benchmark improves in the direction TaskSpec.benchmarks gives."""
+    from {{ cookiecutter.package_name }}.engine.monitor import monitored
+
+    scored = dataclasses.replace(OTHER, benchmarks=lambda metric: "min" if metric == "perplexity" else "max")
+    with pytest.raises(ConfigError, match="trainer.eval_tasks: this task scores no benchmarks"):
+        load_config(OTHER, [], ["trainer.eval_tasks=[quiz]"])
+    tasks = ["trainer.eval_tasks=[quiz]", "trainer.val_every=10"]
+    for overrides, message in [
+        ([*tasks, "trainer.eval_every=15"], "trainer.eval_every=15 must be a multiple of trainer.val_every=10"),
+        ([*tasks, "trainer.eval_limit=0"], "trainer.eval_limit=0.0 must be above 0"),
+        ([*tasks, "trainer.eval_task_data.other=x"], "trainer.eval_task_data names other, which trainer.eval_tasks"),
+        (["trainer.eval_every=10"], "trainer.eval_every goes with trainer.eval_tasks, which names no task"),
+        ([*tasks, "trainer.monitor=eval/other/acc"], "is not a validation metric of this task; choose one of"),
+        ([*tasks, "trainer.eval_every=20", "trainer.monitor=eval/quiz/acc"], "set trainer.eval_every=null"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(scored, [], overrides)
+    for metric, mode in [("acc", "max"), ("perplexity", "min")]:
+        trainer = load_config(scored, [], [*tasks, f"trainer.monitor=eval/quiz/{metric}"]).trainer
+        assert monitored(trainer, scored) == (f"eval/quiz/{metric}", mode)
 
 
 def test_the_config_is_the_one_of_the_task_it_is_given():

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import list_checkpoints
-from {{ cookiecutter.package_name }}.engine.config import load_config, monitored, parse_args
+from {{ cookiecutter.package_name }}.engine.config import load_config, parse_args
+from {{ cookiecutter.package_name }}.engine.monitor import monitored
 from {{ cookiecutter.package_name }}.engine.preemption import PREEMPTED_EXIT
 from {{ cookiecutter.package_name }}.engine.sweep.study import lock_sweep_dir
 from {{ cookiecutter.package_name }}.sweep import main

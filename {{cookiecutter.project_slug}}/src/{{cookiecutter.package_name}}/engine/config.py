@@ -32,6 +32,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .errors import ConfigError
+from .monitor import check_monitor
 from .seam import DataBase, ModelBase, TaskSpec
 
 DEFAULT_TRACKER = "{{ cookiecutter.tracker }}"
@@ -112,6 +113,17 @@ class TrainerConfig:
     """max (higher is better) or min; null: the metric's own direction (TaskSpec.metrics)."""
     early_stop_patience: int = 0
     """Stop after this many validations in a row without a better trainer.monitor (0: never stop early)."""
+    eval_tasks: list[str] = field(default_factory=list)
+    """Benchmarks scored at validation time, for a task that has them (lm-evaluation-harness task names, e.g.
+    [hellaswag,arc_easy]), logged as eval/TASK/METRIC beside val/loss; trainer.monitor may name one."""
+    eval_every: int | None = None
+    """Optimizer steps between benchmark scorings, a multiple of trainer.val_every; null: every validation."""
+    eval_limit: float | None = None
+    """Items per benchmark task: a count, or a fraction below 1; null: all of them."""
+    eval_include: str | None = None
+    """A folder of your own task YAMLs for trainer.eval_tasks (the harness's include path)."""
+    eval_task_data: dict[str, str] = field(default_factory=dict)
+    """Local copies of trainer.eval_tasks' data, {TASK: PATH}: a save_to_disk folder, .jsonl or .parquet."""
     checkpoint_format: str = "auto"
     """sharded (a directory checkpoints/step_N/: every process writes its own shards in parallel, no full
     gather), full (one file checkpoints/step_N.pt gathered on the main process) or auto (sharded under
@@ -357,13 +369,7 @@ def validate(cfg: Config, spec: TaskSpec) -> None:
         raise ConfigError(f"optim.min_lr_ratio={cfg.optim.min_lr_ratio} must be between 0 and 1")
     if cfg.trainer.grad_clip < 0:
         raise ConfigError("trainer.grad_clip must be >= 0 (0 turns clipping off)")
-    if cfg.trainer.monitor is not None and cfg.trainer.monitor not in spec.metrics:
-        raise ConfigError(
-            f"trainer.monitor={cfg.trainer.monitor!r} is not a validation metric of this task; choose one of "
-            f"{', '.join(spec.metrics)}"
-        )
-    if cfg.trainer.monitor_mode not in (None, "max", "min"):
-        raise ConfigError(f"trainer.monitor_mode={cfg.trainer.monitor_mode!r} is not allowed; choose max or min")
+    check_monitor(cfg.trainer, spec)
     if not 0.0 < cfg.optim.layer_decay <= 1.0:
         raise ConfigError(f"optim.layer_decay={cfg.optim.layer_decay} must be above 0 and at most 1 (1: off)")
     if not 0.0 <= cfg.optim.ema_decay < 1.0:
@@ -394,12 +400,6 @@ def validate(cfg: Config, spec: TaskSpec) -> None:
     if cfg.distributed.backend == "nccl" and not on_cuda:
         raise ConfigError("distributed.backend=nccl needs CUDA; use gloo or auto on CPU")
     spec.validate(cfg)
-
-
-def monitored(trainer: TrainerConfig, spec: TaskSpec) -> tuple[str, str]:
-    """trainer.monitor and trainer.monitor_mode, null meaning the task's metric and the metric's direction."""
-    name = trainer.monitor or spec.monitor
-    return name, trainer.monitor_mode or spec.metrics[name]
 
 
 def to_yaml(cfg: Config) -> str:

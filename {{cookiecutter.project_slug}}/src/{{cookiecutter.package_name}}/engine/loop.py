@@ -30,11 +30,12 @@ from tqdm import tqdm
 from . import provenance
 from .ckpt.checkpoint import remove_stale_temporaries, resume_state
 from .ckpt.sharded import ShardedSaver, holds_shards
-from .config import Config, ConfigError, TrainerConfig, monitored, to_dict, to_yaml
+from .config import Config, ConfigError, TrainerConfig, to_dict, to_yaml
 from .ema import WeightAverage
 from .errors import OutOfMemory, Preempted
 from .loaders import DeviceTrainLoader, build_loaders, shut_down_workers
 from .metrics import MetricsLogger, PerfMeter
+from .monitor import benchmark_due, monitored
 from .optim import build_optimizer, check_finite, warmup_cosine
 from .parallel import distributed, state_dicts
 from .preemption import StopRequest
@@ -303,6 +304,8 @@ class Run:
         model = distributed.without_ddp(self.model)
         with self.validated_weights():
             val = self.task.validate(model, self.val_loader)
+            if benchmark_due(self.cfg.trainer, self.state.progress.step):
+                val |= self.task.benchmarks(model, self.cfg.trainer)
         if self.state.ema:
             raw = self.task.validate(model, self.val_loader)
             val.update({key.replace("val/", "val_raw/", 1): raw[key] for key in self.spec.metrics})
@@ -363,8 +366,10 @@ class Run:
 
 
 def best_key(monitor: str) -> str:
-    """The logged name of the monitored metric's best value so far: val/best_loss for val/loss, ..."""
-    return "val/best_" + monitor.split("/", 1)[1]
+    """The logged name of the monitored metric's best value so far: val/best_loss for val/loss,
+    eval/best_hellaswag/acc_norm for eval/hellaswag/acc_norm, ..."""
+    kind, name = monitor.split("/", 1)
+    return f"{kind}/best_{name}"
 
 
 def seed_everything(seed: int) -> None:

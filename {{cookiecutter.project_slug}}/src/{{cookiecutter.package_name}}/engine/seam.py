@@ -98,6 +98,10 @@ class TaskSpec:
     """PACKAGE.plot's validation panel: (y label, ((metrics.jsonl key, line label), ...))."""
     evaluate_flags: dict[str, str] = field(default_factory=dict)
     """The evaluate command's own switches of this task ({"--switch": "what it does"}), handed to Task.evaluate."""
+    benchmarks: Callable[[str], str] | None = None
+    """For a task whose Task.benchmarks scores trainer.eval_tasks: the direction (min or max) a benchmark's
+    metric improves in, by its name (trainer.monitor may name eval/TASK/METRIC); None: no benchmarks (the
+    trainer.eval_* keys are refused)."""
     evaluate_options: dict[str, str] = field(default_factory=dict)
     """The evaluate command's own options that take a value ({"--option": "what it sets"}: --option VALUE or
     --option=VALUE), handed to Task.evaluate."""
@@ -188,6 +192,13 @@ class Task(abc.ABC):
         written by the main process into RUN/eval/. options: the TaskSpec.evaluate_flags given (value None)
         and the TaskSpec.evaluate_options given, with their values."""
         return self.validate(model, loader), {}
+
+    def benchmarks(self, model: nn.Module, trainer) -> dict:
+        """Scores of trainer.eval_tasks for the model (with trainer.eval_limit, eval_include, eval_task_data),
+        as {eval/TASK/METRIC: value}, equal on every process; every process calls it (forwards of a sharded
+        model are collectives), at validations trainer.eval_every names, and must leave the random
+        generators as it found them. Only tasks with a TaskSpec.benchmarks are asked."""
+        raise NotImplementedError
 
     def summary(self, metrics: dict) -> str:
         """The log line after a validation."""

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from ..config import load_config, monitored, read_yaml
+from ..config import load_config, read_yaml
 from ..errors import ConfigError, error_line
+from ..monitor import monitored
 
 if TYPE_CHECKING:
     from ..seam import TaskSpec

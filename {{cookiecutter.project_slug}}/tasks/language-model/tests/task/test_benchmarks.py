@@ -50,6 +50,32 @@ metric_list:
 """)
 
 
+# A generation task: the line's words after a cut that differs per item (so the answers take other numbers
+# of forward passes) up to the stop string "lazy".
+WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy"]
+GENERATIONS = [
+    {"prompt": f"line {i}: " + " ".join(WORDS[: 1 + i % 4]), "answer": " " + " ".join(WORDS[1 + i % 4 : 7]) + " "}
+    for i in range(10)
+]
+GENERATION_YAML = jinja("""task: tiny_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    validation: ITEMS
+output_type: generate_until
+validation_split: validation
+doc_to_text: "<<prompt>>"
+doc_to_target: "<<answer>>"
+generation_kwargs:
+  until: ["lazy"]
+  max_gen_toks: 24
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+""")
+
+
 def task_yaml(name: str, items) -> str:
     return TASK_YAML.replace("NAME", name).replace("ITEMS", str(items))
 
@@ -57,7 +83,7 @@ def task_yaml(name: str, items) -> str:
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     """The corpus prepared with a byte-level BPE tokenizer, and an include folder holding tiny_mc (the
-    ITEMS) and no_data (a task whose file is missing)."""
+    ITEMS), tiny_gen (the GENERATIONS) and no_data (a task whose file is missing)."""
     root = tmp_path_factory.mktemp("benchmarks")
     (root / "tokenizer").mkdir()
     bpe_tokenizer(root / "tokenizer", root / "corpus.txt")
@@ -68,6 +94,8 @@ def prepared(tmp_path_factory):
     tasks.mkdir()
     (tasks / "tiny_mc.yaml").write_text(task_yaml("tiny_mc", root / "items.jsonl"))
     (tasks / "no_data.yaml").write_text(task_yaml("no_data", root / "missing.jsonl"))
+    (root / "generations.jsonl").write_text("".join(json.dumps(item) + "\n" for item in GENERATIONS))
+    (tasks / "tiny_gen.yaml").write_text(GENERATION_YAML.replace("ITEMS", str(root / "generations.jsonl")))
     return root
 
 
@@ -103,7 +131,8 @@ def test_per_item_log_likelihoods_equal_the_harness_own_model_on_the_export(prep
     from lm_eval import evaluator
     from lm_eval.models.huggingface import HFLM
 
-    from {{ cookiecutter.package_name }}.task.benchmarks import HarnessModel, Request, load_tasks
+    from {{ cookiecutter.package_name }}.task.benchmarks import HarnessModel
+    from {{ cookiecutter.package_name }}.task.harness_tasks import Request, load_tasks
     from {{ cookiecutter.package_name }}.task.model import hf
 
     overrides = ["run.device=cpu", "data.name=text", f"data.root={prepared / 'data'}", "data.seq_len=64",
@@ -213,3 +242,55 @@ def test_bad_requests_are_one_line(trained, capsys, options, error):
     lines = capsys.readouterr().err.strip().splitlines()
     err = [line for line in lines if line and not PROGRESS.search(line)]  # the harness's bar as it builds the items
     assert len(err) == 1 and all(part in err[0] for part in error), err
+
+
+def train_args(root, run, *extra: str) -> list[str]:
+    return ["run.device=cpu", "tracker.name=none", "data.name=text", f"data.root={root / 'data'}", "data.seq_len=64",
+            "data.batch_size=8", "data.num_workers=0", "model.preset=nano", "model.dropout=0.1",
+            "trainer.val_every=10", "trainer.log_every=1", f"run.output_dir={run}", *extra]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_eval_tasks_are_scored_while_training_and_after_a_resume(prepared, tmp_path):
+    """trainer.eval_tasks=[tiny_mc] at every validation: metrics.jsonl holds eval/tiny_mc/acc and acc_norm
+    beside val/loss at steps 10 and 20, and at 30 after a resume; trainer.monitor=eval/tiny_mc/acc_norm
+    picks best.json; and training draws what a run without benchmarks draws (dropout 0.1: the harness
+    seeds every generator, and they are put back), so its losses are the same."""
+    from conftest import read_metrics
+
+    scored = ["trainer.eval_tasks=[tiny_mc]", f"trainer.eval_include={prepared / 'tasks'}",
+              "trainer.monitor=eval/tiny_mc/acc_norm"]  # fmt: skip
+    assert train_main(train_args(prepared, tmp_path / "scored", *scored, "trainer.max_steps=20")) == 0
+    assert train_main(train_args(prepared, tmp_path / "scored", *scored, "trainer.max_steps=30")) == 0  # resumes
+    assert train_main(train_args(prepared, tmp_path / "plain", "trainer.max_steps=30")) == 0
+    records = read_metrics(tmp_path / "scored")
+    validations = [r for r in records if "val/loss" in r]
+    assert [r["step"] for r in validations] == [10, 20, 30]
+    assert all(
+        {"eval/tiny_mc/acc", "eval/tiny_mc/acc_norm", "eval/tiny_mc/acc_stderr"} <= r.keys() for r in validations
+    )
+    assert validations[-1]["eval/tiny_mc/acc"] == 1.0 and "eval/best_tiny_mc/acc_norm" in validations[-1]
+    best = json.loads((tmp_path / "scored" / "best.json").read_text())
+    assert best["monitor"] == "eval/tiny_mc/acc_norm" and best["metrics"]["eval/tiny_mc/acc_norm"] == 1.0
+    losses = lambda run: [(r["step"], r["train/loss"]) for r in read_metrics(run) if "train/loss" in r]  # noqa: E731
+    assert losses(tmp_path / "scored") == losses(tmp_path / "plain")
+
+
+@pytest.mark.slow
+def test_two_fsdp_processes_score_while_training_as_evaluate_scores_the_checkpoint(prepared, tmp_path, capsys):
+    """Under FSDP on 2 processes every forward is a collective: the benchmarks run in step (tiny_gen's
+    answers take other numbers of forwards on each process) and the scores logged at step 20 equal
+    evaluate --tasks on the step-20 checkpoint (the whole model on each process)."""
+    from conftest import read_metrics
+
+    run, include = tmp_path / "run", f"trainer.eval_include={prepared / 'tasks'}"
+    args = train_args(prepared, run, "trainer.eval_tasks=[tiny_mc,tiny_gen]", include, "trainer.max_steps=20",
+                      "distributed.strategy=fsdp", "data.batch_size=4")  # fmt: skip
+    torchrun(2, args)
+    logged = [r for r in read_metrics(run) if "val/loss" in r][-1]
+    assert logged["step"] == 20
+    assert evaluate_main([f"run.output_dir={run}", f"data.root={prepared / 'data'}", "--tasks", "tiny_mc,tiny_gen",
+                          "--include", str(prepared / "tasks")]) == 0  # fmt: skip
+    printed = json.loads(capsys.readouterr().out)
+    for metric in ("eval/tiny_mc/acc", "eval/tiny_mc/acc_norm", "eval/tiny_gen/exact_match"):
+        assert logged[metric] == printed[metric], metric

@@ -17,42 +17,40 @@ On N processes the harness gives each process every N-th item and gathers the pe
 the first, so the scores do not depend on the process count. Each process holds the whole model
 (evaluate builds it whole, for FSDP runs too).
 
-Data: a task reads its data set through `datasets`, from the hub or its cache. --task-data NAME=PATH
-serves a local copy instead (a save_to_disk folder, a folder of SPLIT.jsonl or SPLIT.parquet files, or
-one such file, which then serves every split the task reads); --include DIR adds the user's own task
-YAMLs (the harness's include path). A task whose data cannot be read fails in one line that names
-the `datasets` command to fetch it where the hub is reachable.
+The tasks and their data (local copies, the user's own task YAMLs): harness_tasks.py. During training
+(trainer.eval_tasks), Task.benchmarks runs them at validation: under FSDP every forward is a
+collective, so each process's forwards go in step with the others' (HarnessModel.lockstep), and the
+random generators the harness seeds are put back (preserved_rng).
 
-This module imports the harness: import it only when --tasks is given (task.py does), after
-`require_harness`.
+This module imports the harness: import it only when --tasks or trainer.eval_tasks is given (task.py
+does), after config.require_harness.
 """
 
 from __future__ import annotations
 
 import contextlib
-import difflib
 import hashlib
 import json
 import logging
+import random
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from unittest import mock
 
-import datasets
 import lm_eval
+import numpy as np
 import torch
 import torch.distributed as dist
 from lm_eval import evaluator
 from lm_eval.api.model import TemplateLM
-from lm_eval.tasks import TaskManager
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from torch import nn
 from torch.nn import functional as F
 
 from ..engine.errors import ConfigError, DataError
+from ..engine.parallel.distributed import is_dtensor
 from ..engine.step import autocast
 from .chat import ChatTemplate, special_tokens
+from .harness_tasks import Request, load_tasks
 from .sampling import sample
 
 log = logging.getLogger(__name__)
@@ -81,6 +79,8 @@ class HarnessModel(TemplateLM):
         self.vocab = tokenizer.vocab_size
         if dist.is_available() and dist.is_initialized():
             self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+        # A sharded model's forward is a collective: every process then runs its forwards in step (_forward, _drain).
+        self.lockstep = self._world_size > 1 and any(is_dtensor(p) for p in model.parameters())
         self.tasks: list[str] = []  # the task of each log-likelihood request, for error messages
         self.generator = torch.Generator(device).manual_seed(1234)  # sampled generation only (the harness's seed)
 
@@ -126,7 +126,9 @@ class HarnessModel(TemplateLM):
     # --- the three kinds of request ---
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         self.tasks = [request.task_name for request in requests]  # for _too_long's message
-        return super().loglikelihood(requests, disable_tqdm=True)  # (its bar is for tokenizing, which is quick)
+        results = super().loglikelihood(requests, disable_tqdm=True)  # (its bar is for tokenizing, which is quick)
+        self._drain()
+        return results
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
         """(sum of the continuation's log-probabilities, whether greedy decoding would write it) of each
@@ -156,8 +158,29 @@ class HarnessModel(TemplateLM):
         for row, ids in enumerate(inputs):
             batch[row, : len(ids)] = torch.tensor(ids)
         with torch.no_grad(), autocast(self._device, self.precision):
-            logits = self.model(batch.to(self._device))
+            logits = self._forward(batch.to(self._device))
         return F.log_softmax(logits.float(), dim=-1)
+
+    def _forward(self, *args) -> torch.Tensor:
+        """The model's forward; in lockstep, first telling the other processes that this one has a forward to run."""
+        if self.lockstep:
+            self._anyone(True)
+        return self.model(*args)
+
+    def _anyone(self, busy: bool) -> bool:
+        flag = torch.tensor([int(busy)], device=self._device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _drain(self) -> None:
+        """In lockstep, once this process ran its last forward of a kind of request: a one-token forward for
+        each forward another process still runs, until none has any left."""
+        if not self.lockstep:
+            return
+        idle = torch.zeros(1, 1, dtype=torch.long, device=self._device)
+        with torch.no_grad(), autocast(self._device, self.precision):
+            while self._anyone(False):
+                self.model(idle)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """The log-likelihood of each whole string (perplexity tasks), in windows of the model's context
@@ -176,12 +199,15 @@ class HarnessModel(TemplateLM):
             ]
             scored = self._loglikelihood_tokens([((string, ""), context, target) for context, target in windows])
             results.append(sum(logprob for logprob, _ in scored))
+        self._drain()
         return results
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Each context continued greedily (or sampled, where the task asks for a temperature) until one of
         its stop strings or the end of text, at most max_gen_toks tokens; the text before the first stop."""
-        return [self._generate(*request.args, request.task_name) for request in requests]
+        answers = [self._generate(*request.args, request.task_name) for request in requests]
+        self._drain()
+        return answers
 
     def _generate(self, context: str, settings: dict, task: str) -> str:
         settings = dict(settings)
@@ -200,7 +226,7 @@ class HarnessModel(TemplateLM):
 
         with autocast(self._device, self.precision):
             new = sample(
-                self.model, prompt, most, self.context, temperature, 0, self.generator, vocab=self.vocab, stop=stop
+                Stepped(self), prompt, most, self.context, temperature, 0, self.generator, vocab=self.vocab, stop=stop
             )
         text = self.text.decode([i for i in new if i != eot])
         for term in until:
@@ -240,156 +266,31 @@ class HarnessModel(TemplateLM):
         dist.barrier()
 
 
-# --- tasks and their data ---
-@dataclass
-class Request:
-    """What evaluate --tasks (or trainer.eval_tasks) asks of the harness."""
+class Stepped:
+    """The model as sampling.sample calls it, each forward through HarnessModel._forward (lockstep)."""
 
-    tasks: list[str]
-    limit: float | None = None
-    num_fewshot: int | None = None
-    task_data: dict[str, str] | None = None
-    include: str | None = None
-    chat: bool = False
+    def __init__(self, harness: HarnessModel):
+        self.harness, self.shape = harness, harness.model.shape
 
-    @classmethod
-    def of(cls, options: dict[str, str | None]) -> Request:
-        """From evaluate's options (--tasks, --limit, --num-fewshot, --task-data, --include,
-        --apply-chat-template), each checked."""
-        tasks = [name.strip() for name in (options.get("--tasks") or "").split(",") if name.strip()]
-        if not tasks:
-            raise ConfigError("--tasks needs at least one task name, e.g. --tasks hellaswag,arc_easy")
-        limit = options.get("--limit")
-        fewshot = options.get("--num-fewshot")
-        try:
-            limit = float(limit) if limit is not None else None
-            fewshot = int(fewshot) if fewshot is not None else None
-        except ValueError:
-            raise ConfigError(f"--limit {limit!r} or --num-fewshot {fewshot!r} is not a number") from None
-        if (limit is not None and limit <= 0) or (fewshot is not None and fewshot < 0):
-            raise ConfigError("--limit must be above 0 and --num-fewshot at least 0")
-        task_data = {}
-        for pair in (options.get("--task-data") or "").split(","):
-            if pair.strip():
-                name, equals, path = pair.partition("=")
-                if not equals or not name.strip() or not path.strip():
-                    raise ConfigError(f"--task-data {pair!r}: write NAME=PATH, e.g. hellaswag=data/hellaswag")
-                task_data[name.strip()] = path.strip()
-        if given := sorted(set(task_data) - set(tasks)):
-            raise ConfigError(f"--task-data names {', '.join(given)}, which --tasks does not")
-        include = options.get("--include")
-        if include is not None and not Path(include).is_dir():
-            raise ConfigError(f"--include {include!r}: no such folder")
-        return cls(tasks, limit if limit is None or limit < 1 else int(limit), fewshot, task_data, include,
-                   "--apply-chat-template" in options)  # fmt: skip
+    def __call__(self, *args) -> torch.Tensor:
+        return self.harness._forward(*args)
 
+    def eval(self) -> Stepped:
+        return self
 
-def load_tasks(request: Request) -> tuple[list, TaskManager]:
-    """The harness's tasks (and groups) request names, each built with its data (--task-data's local copy,
-    else the `datasets` hub or cache); an unknown name or unreadable data is a one-line error. Tasks all
-    found in --include are looked up there alone: indexing the harness's own 15,000 takes 6 s."""
-    manager = TaskManager(include_path=request.include, include_defaults=False) if request.include else None
-    if manager is None or not set(request.tasks) <= set(manager.all_tasks):
-        manager = TaskManager(include_path=request.include)
-    built = []
-    for name in request.tasks:
-        if name not in manager.all_tasks:
-            close = difflib.get_close_matches(name, manager.all_tasks, n=3)
-            hint = f"did you mean {', '.join(close)}?" if close else "see lm_eval ls tasks"
-            where = f" or in --include {request.include}" if request.include else ""
-            raise ConfigError(f"--tasks {name}: no such task in lm-evaluation-harness{where}; {hint}")
-        local = request.task_data.get(name) if request.task_data else None
-        with _data(name, local):
-            loaded = manager.load([name])
-        if name in loaded["groups"]:
-            built.append(loaded["groups"][name])
-        elif name in loaded["tasks"]:
-            built.append(loaded["tasks"][name])
-        else:  # a tag: its tasks
-            built.extend(loaded["tasks"].values())
-    return built, manager
-
-
-BUILDERS = ("json", "parquet", "csv", "text", "arrow")  # datasets' readers of files the task names
+    def parameters(self):  # what the key/value cache is made like: this process's tensors, not DTensors
+        return (p.to_local() if is_dtensor(p) else p for p in self.harness.model.parameters())
 
 
 @contextlib.contextmanager
-def _data(task: str, local: str | None) -> Iterator[None]:
-    """While a task is built: its data from local (a path) when given, else through datasets.load_dataset,
-    whose failure becomes one line naming what fetches the data set."""
-    real = datasets.load_dataset
-    asked = {}
-
-    def load(path=None, name=None, *args, **kwargs):
-        asked.update(path=path, name=name, files=kwargs.get("data_files"))
-        return local_dataset(local, task, real) if local else real(path, name, *args, **kwargs)
-
-    try:
-        with mock.patch.object(datasets, "load_dataset", load):
-            yield
-    except (ConfigError, DataError):
-        raise
-    except Exception as err:  # datasets and the hub raise many kinds (ConnectionError, FileNotFoundError, ...)
-        if not asked:
-            raise DataError(f"--tasks {task}: the harness cannot build it ({_first_line(err)})") from None
-        local_copy = f"--task-data {task}=PATH for a local copy"
-        if asked["path"] in BUILDERS:  # the task reads files of its own
-            raise DataError(
-                f"--tasks {task}: its data files ({asked['path']}: {asked['files']}) cannot be read "
-                f"({_first_line(err)}); pass {local_copy}"
-            ) from None
-        named = f", {asked['name']!r}" if asked["name"] else ""
-        fetch = f"datasets.load_dataset({asked['path']!r}{named}).save_to_disk('data/{task}')"
-        raise DataError(
-            f"--tasks {task}: its data ({asked['path']}{'/' + asked['name'] if asked['name'] else ''}) is neither "
-            f"local nor reachable ({_first_line(err)}); where the hub is reachable run "
-            f'python -c "import datasets; {fetch}", then pass --task-data {task}=data/{task}'
-        ) from None
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
-
-
-class AnySplit(datasets.DatasetDict):
-    """One file's records as every split a task asks for."""
-
-    def __missing__(self, split: str) -> datasets.Dataset:
-        return self["all"]
-
-    def __contains__(self, split: object) -> bool:
-        return True
-
-
-READERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
-
-
-def local_dataset(path: str, task: str, load_dataset=datasets.load_dataset) -> datasets.DatasetDict:
-    """--task-data's copy: a save_to_disk folder, a folder of SPLIT.jsonl / SPLIT.parquet files, or one file
-    (read with load_dataset: datasets' own, which _data stands in for while a task is built)."""
-    where = Path(path)
-    try:
-        if (where / "dataset_dict.json").is_file() or (where / "dataset_info.json").is_file():
-            loaded = datasets.load_from_disk(str(where))
-            return loaded if isinstance(loaded, datasets.DatasetDict) else AnySplit(all=loaded)
-        if where.is_dir():
-            files = {file.stem: file for file in sorted(where.iterdir()) if file.suffix in READERS}
-            kinds = {READERS[file.suffix] for file in files.values()}
-            if len(kinds) == 1:
-                return load_dataset(kinds.pop(), data_files={s: str(f) for s, f in files.items()})
-        elif where.suffix in READERS and where.is_file():
-            return AnySplit(all=load_dataset(READERS[where.suffix], data_files=str(where), split="train"))
-    except Exception as err:  # datasets raises many kinds on a damaged file
-        raise DataError(f"--task-data {task}={path}: unreadable ({_first_line(err)})") from None
-    raise DataError(
-        f"--task-data {task}={path}: not a save_to_disk folder, a folder of SPLIT.jsonl or SPLIT.parquet files, "
-        "or a .jsonl, .json or .parquet file"
-    )
-
-
-# --- running them ---
-SCORES = ("acc", "acc_norm", "exact_match", "f1", "word_perplexity", "bits_per_byte")
+def preserved_rng(device: torch.device) -> Iterator[None]:
+    """The random generators (Python's, numpy's, torch's) as they were before, whatever ran inside (the harness
+    seeds them all): training after a benchmark draws what it would have drawn without one."""
+    python, numpy_state = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        yield
+    random.setstate(python)
+    np.random.set_state(numpy_state)
 
 
 def run_tasks(lm: HarnessModel, request: Request) -> tuple[dict, dict[str, dict]]:

@@ -242,6 +242,9 @@ def take_shape_from_folder(model: ModelConfig) -> None:
         setattr(model, key, value)
 
 
+PERPLEXITIES = ("perplexity", "word_perplexity", "byte_perplexity", "bits_per_byte")  # the harness's metrics
+
+
 SPEC = TaskSpec(
     data=DataConfig,
     model=ModelConfig,
@@ -294,7 +297,9 @@ SPEC = TaskSpec(
     stored_defaults={"model.arch": "gpt2"},
     memory_hint="a smaller data.seq_len or model.preset",
     plot_panel=("bits per byte", (("val/bpb", "val bits/byte"),)),
-    # evaluate --tasks: lm-evaluation-harness tasks on the checkpoint's model (benchmarks.py).
+    # trainer.eval_tasks and evaluate --tasks: lm-evaluation-harness tasks (benchmarks.py). Perplexities and
+    # bits per byte improve downwards, the rest (accuracies, exact match, F1) upwards.
+    benchmarks=lambda metric: "min" if metric.startswith(PERPLEXITIES) else "max",
     evaluate_options={
         "--tasks": "lm-evaluation-harness tasks, comma-separated (hellaswag,arc_easy,...): their scores as well",
         "--limit": "items per task: a count, or a fraction below 1 (default: all)",

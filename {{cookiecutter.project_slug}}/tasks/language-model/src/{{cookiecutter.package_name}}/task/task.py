@@ -43,6 +43,7 @@ class Task(seam.Task):
         self.data: TokenData | None = None
         self.source_config: bytes | None = None  # config.json of the folder a fine-tune started from
         self.frozen: dict | None = None  # with adapters: what the frozen base is (frozen_weights)
+        self.benchmark_tasks = None  # trainer.eval_tasks, as benchmarks.Request (datasets() checks them)
 
     def datasets(self) -> tuple[Dataset, Dataset]:
         """The training windows (by (epoch, index) keys) and the validation windows."""
@@ -54,6 +55,12 @@ class Task(seam.Task):
                 f"`python -m {PACKAGE}.prepare --out {data.root} FILES...` writes"
             )
         train_set, val_set, self.data = build_datasets(self.cfg.data, seed=self.cfg.run.seed)
+        if self.cfg.trainer.eval_tasks and self.benchmark_tasks is None:  # checked before training starts
+            require_harness()
+            from .harness_tasks import Request, load_tasks
+
+            self.benchmark_tasks = Request.of_trainer(self.cfg.trainer)
+            load_tasks(self.benchmark_tasks)  # names and data: a one-line error now, not at step val_every
         if isinstance(train_set, Packs):
             log.info(
                 "conversations packed into %d training and %d validation sequences of %d positions; "
@@ -239,11 +246,26 @@ class Task(seam.Task):
         writers = {f"{task}.json": partial(_write_json, report) for task, report in reports.items()}
         return {**metrics, **scores}, writers
 
+    def benchmarks(self, model: nn.Module, trainer) -> dict:
+        """trainer.eval_tasks' scores (eval/TASK/METRIC) on the model as it is (its shards under FSDP, every
+        process in step), the random generators left as they were: benchmarks.py."""
+        from .benchmarks import HarnessModel, preserved_rng, run_tasks
+
+        model = getattr(model, "_orig_mod", model)  # torch.compile's wrapper would compile every new shape
+        precision, batch = self.cfg.trainer.precision, self.cfg.data.batch_size
+        harness = HarnessModel(model, self.data.tokenizer, self.device, precision, batch)
+        with preserved_rng(self.device):
+            scores, _ = run_tasks(harness, self.benchmark_tasks)
+        return scores
+
     def summary(self, metrics: dict) -> str:
         floor = f" (floor {metrics['val/loss_floor']:.4f})" if "val/loss_floor" in metrics else ""
+        scores = "".join(
+            f" {key} {value:.4f}" for key, value in metrics.items() if key.startswith("eval/") and "_stderr" not in key
+        )
         return (
             f"val/loss {metrics['val/loss']:.4f}{floor} val/ppl {metrics['val/ppl']:.3f} "
-            f"val/bpb {metrics['val/bpb']:.4f} ({metrics['val/tokens']} tokens)"
+            f"val/bpb {metrics['val/bpb']:.4f} ({metrics['val/tokens']} tokens){scores}"
         )
 
     def throughput(self, samples_per_s: float) -> dict:
