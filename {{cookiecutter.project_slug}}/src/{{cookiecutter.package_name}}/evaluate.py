@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _evaluate(argv: list[str]) -> int:
-    given, argv = take_options(argv, tuple(SPEC.evaluate_options))
+    given, argv = take_options(argv, tuple(SPEC.evaluate_options), joined=True)  # --task-data a=x --task-data b=y
     options = {name: value for name, value in given.items() if value is not None}
     options |= dict.fromkeys(arg for arg in argv if arg in SPEC.evaluate_flags)
     argv = [arg for arg in argv if arg not in SPEC.evaluate_flags]

@@ -77,9 +77,12 @@ def restore_trained(spec: TaskSpec, argv: list[str], program: str) -> tuple[Conf
 WEIGHTS = ("ema", "raw")
 
 
-def take_options(argv: list[str], names: tuple[str, ...]) -> tuple[dict[str, str | None], list[str]]:
+def take_options(
+    argv: list[str], names: tuple[str, ...], joined: bool = False
+) -> tuple[dict[str, str | None], list[str]]:
     """The values of the options named (as --name VALUE or --name=VALUE; None when absent), and the
-    other arguments."""
+    other arguments. An option given twice keeps its last value, or with joined both, comma-separated
+    (--task-data a=x --task-data b=y: "a=x,b=y")."""
     found: dict[str, str | None] = dict.fromkeys(names)
     rest = []
     args = iter(argv)
@@ -88,9 +91,10 @@ def take_options(argv: list[str], names: tuple[str, ...]) -> tuple[dict[str, str
         if option not in found:
             rest.append(arg)
             continue
-        found[option] = value if equals else next(args, None)
-        if found[option] is None:
+        value = value if equals else next(args, None)
+        if value is None:
             raise ConfigError(f"{option} needs a value")
+        found[option] = f"{found[option]},{value}" if joined and found[option] is not None else value
     return found, rest
 
 

@@ -206,7 +206,8 @@ def test_evaluate_tasks_gives_the_same_scores_on_one_and_two_processes(trained, 
 @pytest.mark.slow
 def test_task_data_serves_local_copies(trained, capsys, tmp_path):
     """--task-data no_data=PATH: a .jsonl file, a folder of SPLIT.parquet files and a save_to_disk folder
-    of the ITEMS each give tiny_mc's scores to a task whose own data is missing."""
+    of the ITEMS each give tiny_mc's scores to a task whose own data is missing; --task-data given twice
+    serves two tasks."""
     import datasets
 
     records = datasets.Dataset.from_list(ITEMS)
@@ -218,6 +219,10 @@ def test_task_data_serves_local_copies(trained, capsys, tmp_path):
         assert evaluate(trained, "--tasks", "no_data", *include, "--task-data", f"no_data={copy}") == 0, copy
         printed = json.loads(capsys.readouterr().out)
         assert printed["eval/no_data/acc"] == 1.0 and printed["eval/no_data/acc_norm"] == 1.0, copy
+    two = ["--task-data", f"no_data={copies[0]}", "--task-data", f"tiny_mc={copies[2]}"]  # given twice: both
+    assert evaluate(trained, "--tasks", "no_data,tiny_mc", *include, *two) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["eval/no_data/acc"] == printed["eval/tiny_mc/acc"] == 1.0
 
 
 @pytest.mark.slow
