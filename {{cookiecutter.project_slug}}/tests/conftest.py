@@ -99,6 +99,40 @@ def killed_when(when, args: list[str]) -> None:
             main(args)
 
 
+# A torchrun driver: the task's model built as training builds it (FSDP: sharded), its gathered weights
+# saved to $WEIGHTS by the main process, and each process's count of local parameter elements with
+# RECORD (a dict PRELUDE may fill) to $WEIGHTS.rankN.json. PRELUDE runs first: a stand-in that watches
+# (or forbids) a way of building.
+BUILD_AND_GATHER = """
+import json, os, sys
+import torch
+from {{ cookiecutter.package_name }}.engine.parallel import distributed, meta_init, state_dicts
+from {{ cookiecutter.package_name }}.engine.config import load_config
+from {{ cookiecutter.package_name }}.task import task as task_module
+from {{ cookiecutter.package_name }}.task.config import SPEC
+
+RECORD = {}
+PRELUDE
+cfg = load_config(SPEC, [], sys.argv[1:])
+env = distributed.setup(cfg.run, cfg.distributed)
+task = task_module.Task(cfg, env.device)
+task.datasets()
+model = distributed.build_model(task, env, cfg.distributed, cfg.trainer.precision)
+local = sum(p.to_local().numel() for p in model.parameters())
+weights = state_dicts.full_model_state(model)
+if env.is_main:
+    torch.save(weights, os.environ["WEIGHTS"])
+with open(os.environ["WEIGHTS"] + f".rank{env.rank}.json", "w") as f:
+    json.dump({**RECORD, "local": local}, f)
+distributed.teardown()
+"""
+
+
+def build_and_gather(prelude: str) -> str:
+    """BUILD_AND_GATHER's script with prelude (Python at the top level) in place."""
+    return BUILD_AND_GATHER.replace("PRELUDE", prelude)
+
+
 def torchrun(nproc: int, args: list[str], script: list[str] | None = None, **env) -> None:
     """Run training (or a driver script) under torchrun with nproc CPU processes; fail with its stderr."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]

@@ -15,38 +15,19 @@ from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main
 
-from conftest import in_full, read_metrics, torchrun
+from conftest import build_and_gather, in_full, read_metrics, torchrun
 from tiny import BATCH_INDEPENDENT, VAL_COUNT
 
-BUILD_SHARDED = """
-import json, os, sys
-import torch
-from {{ cookiecutter.package_name }}.engine.parallel import distributed, meta_init as model_init, state_dicts
-from {{ cookiecutter.package_name }}.engine.config import load_config
-from {{ cookiecutter.package_name }}.task.config import SPEC
-from {{ cookiecutter.package_name }}.task.task import Task
-
-built_on_meta, real_build = [], model_init.build
+BUILD_SHARDED = build_and_gather("""
+RECORD["on_meta"], real_build = [], meta_init.build
 
 def build_and_record(*args, **kwargs):
     model, on_meta = real_build(*args, **kwargs)
-    built_on_meta.append(on_meta)
+    RECORD["on_meta"].append(on_meta)
     return model, on_meta
 
-model_init.build = build_and_record
-cfg = load_config(SPEC, [], sys.argv[1:])
-env = distributed.setup(cfg.run, cfg.distributed)
-task = Task(cfg, env.device)
-task.datasets()
-model = distributed.build_model(task, env, cfg.distributed, cfg.trainer.precision)
-local = sum(p.to_local().numel() for p in model.parameters())
-weights = state_dicts.full_model_state(model)
-if env.is_main:
-    torch.save(weights, os.environ["WEIGHTS"])
-with open(os.environ["WEIGHTS"] + f".rank{env.rank}.json", "w") as f:
-    json.dump({"on_meta": built_on_meta, "local": local}, f)
-distributed.teardown()
-"""
+meta_init.build = build_and_record
+""")
 
 
 @pytest.mark.slow

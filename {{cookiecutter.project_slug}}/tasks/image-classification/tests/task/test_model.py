@@ -18,7 +18,7 @@ from {{ cookiecutter.package_name }}.task.model import build_model, classificati
 from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main
 
-from conftest import read_metrics, torchrun
+from conftest import build_and_gather, read_metrics, torchrun
 from tiny import timm_folder
 
 
@@ -159,32 +159,12 @@ def test_a_vit_is_made_for_the_training_size_and_validates_at_another(tiny, run_
     assert [r["val/samples"] for r in read_metrics(run_dir) if "val/samples" in r] == [101]
 
 
-BUILD_FROM_FOLDER = """
-import json, os, sys
-import torch
-from {{ cookiecutter.package_name }}.engine.parallel import distributed, state_dicts
-from {{ cookiecutter.package_name }}.engine.config import load_config
-from {{ cookiecutter.package_name }}.task.config import SPEC
-from {{ cookiecutter.package_name }}.task import task as task_module
-from {{ cookiecutter.package_name }}.task.task import Task
-
+BUILD_FROM_FOLDER = build_and_gather("""
 def built_whole(*args, **kwargs):
     raise AssertionError("the folder's model was built whole")
 
 task_module.build_model = built_whole
-cfg = load_config(SPEC, [], sys.argv[1:])
-env = distributed.setup(cfg.run, cfg.distributed)
-task = Task(cfg, env.device)
-task.datasets()
-model = distributed.build_model(task, env, cfg.distributed, cfg.trainer.precision)
-local = sum(p.to_local().numel() for p in model.parameters())
-weights = state_dicts.full_model_state(model)
-if env.is_main:
-    torch.save(weights, os.environ["WEIGHTS"])
-with open(os.environ["WEIGHTS"] + f".rank{env.rank}.json", "w") as f:
-    json.dump({"local": local}, f)
-distributed.teardown()
-"""
+""")
 
 
 @pytest.mark.slow
