@@ -40,6 +40,7 @@ BAD_CONFIGS = [
     (["model.lora.r=4"], "model.lora.r=4 trains adapters over the frozen weights of model.init_from, which is not set"),
     (["model.lora.dora=true"], "model.lora.dora is set, but model.lora.r=0"),
     (["model.quantize=nf4"], "model.quantize=nf4 stores the frozen base in 4 bits for adapters to train over"),
+    (["trainer.eval_tasks=[hellaswag]"], "trainer.eval_tasks: benchmarks score text, and data.name=synthetic has none"),
 ]
 # Settings under which N processes x batch b train like 1 process x batch N x b (nothing in the
 # transformer depends on the per-process batch).

@@ -152,6 +152,8 @@ def validate(cfg: Config) -> None:
     data, model = cfg.data, cfg.model
     if model.init_from:
         take_shape_from_folder(model)
+    if cfg.trainer.eval_tasks and data.name == "synthetic":
+        raise ConfigError("trainer.eval_tasks: benchmarks score text, and data.name=synthetic has none")
     if model.n_positions is not None and model.n_positions < data.seq_len:
         raise ConfigError(
             f"data.seq_len={data.seq_len} is longer than model.n_positions={model.n_positions}, the longest input "

@@ -43,7 +43,7 @@ class Task(seam.Task):
         self.data: TokenData | None = None
         self.source_config: bytes | None = None  # config.json of the folder a fine-tune started from
         self.frozen: dict | None = None  # with adapters: what the frozen base is (frozen_weights)
-        self.benchmark_tasks = None  # trainer.eval_tasks, as benchmarks.Request (datasets() checks them)
+        self.benchmark_tasks = None  # trainer.eval_tasks as a harness_tasks.Request (datasets() checks them)
 
     def datasets(self) -> tuple[Dataset, Dataset]:
         """The training windows (by (epoch, index) keys) and the validation windows."""
