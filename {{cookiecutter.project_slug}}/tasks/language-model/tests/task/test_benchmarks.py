@@ -21,7 +21,7 @@ from {{ cookiecutter.package_name }}.task.task import Task
 from {{ cookiecutter.package_name }}.train import main as train_main
 
 from conftest import torchrun
-from hf_folders import bpe_tokenizer, jinja
+from hf_folders import CHAT_TEMPLATE, bpe_tokenizer, jinja
 
 lm_eval = pytest.importorskip("lm_eval")
 
@@ -124,10 +124,9 @@ def our_harness_model(root, batch_size: int = 4):
     return HarnessModel(model, task.data.tokenizer, torch.device("cpu"), "fp32", batch_size)
 
 
-def test_per_item_log_likelihoods_equal_the_harness_own_model_on_the_export(prepared, tmp_path):
-    """tiny_mc through the harness with a (random) nano model in memory, and with the harness's HFLM on
-    its hf export (other batch sizes): every item's log-likelihood of every choice agrees to 1e-4, and
-    whether greedy decoding writes it, so acc and acc_norm are equal."""
+def scored_by_both(prepared, folder, chat: bool = False) -> dict:
+    """tiny_mc's results with logged samples, through the harness with a (random) nano model in memory
+    ("ours") and with the harness's HFLM on its hf export in folder ("hflm"), at other batch sizes."""
     from lm_eval import evaluator
     from lm_eval.models.huggingface import HFLM
 
@@ -140,24 +139,53 @@ def test_per_item_log_likelihoods_equal_the_harness_own_model_on_the_export(prep
     task = Task(load_config(SPEC, [], overrides), torch.device("cpu"))
     task.datasets()
     model = task.build_model().eval()
-    hf.write_folder(model, tmp_path / "hf", task.data.tokenizer, task.data.tokenizer.eot)
+    hf.write_folder(model, folder, task.data.tokenizer, task.data.tokenizer.eot)
     models = {
-        "ours": HarnessModel(model, task.data.tokenizer, torch.device("cpu"), "fp32", batch_size=3),
-        "hflm": HFLM(pretrained=str(tmp_path / "hf"), device="cpu", batch_size=5),
+        "ours": HarnessModel(model, task.data.tokenizer, torch.device("cpu"), "fp32", batch_size=3, chat=chat),
+        "hflm": HFLM(pretrained=str(folder), device="cpu", batch_size=5),
     }
     request, results = Request.of({"--tasks": "tiny_mc", "--include": str(prepared / "tasks")}), {}
     for name, harness_model in models.items():
         tasks, manager = load_tasks(request)
-        results[name] = evaluator.simple_evaluate(harness_model, tasks=tasks, task_manager=manager, log_samples=True)
+        results[name] = evaluator.simple_evaluate(
+            harness_model, tasks=tasks, task_manager=manager, log_samples=True, apply_chat_template=chat
+        )
+    return results
+
+
+def assert_same_items(results: dict) -> None:
+    """Every item's log-likelihood of every choice agrees to 1e-4, and whether greedy decoding writes it, so
+    acc and acc_norm are equal."""
     ours, theirs = (sorted(results[n]["samples"]["tiny_mc"], key=lambda s: s["doc_id"]) for n in ("ours", "hflm"))
     assert [s["doc_id"] for s in ours] == [s["doc_id"] for s in theirs] == list(range(len(ITEMS)))
     for mine, other in zip(ours, theirs, strict=True):
+        assert mine["arguments"] == other["arguments"]  # the same texts were scored
         for (logprob, greedy), (expected, expected_greedy) in zip(
             mine["filtered_resps"], other["filtered_resps"], strict=True
         ):
             assert logprob == pytest.approx(expected, abs=1e-4) and greedy == expected_greedy
     for metric in ("acc,none", "acc_norm,none"):
         assert results["ours"]["results"]["tiny_mc"][metric] == results["hflm"]["results"]["tiny_mc"][metric]
+
+
+def test_per_item_log_likelihoods_equal_the_harness_own_model_on_the_export(prepared, tmp_path):
+    """tiny_mc through the harness with our model in memory and with HFLM on its hf export: the same
+    items, item for item (assert_same_items)."""
+    assert_same_items(scored_by_both(prepared, tmp_path / "hf"))
+
+
+@pytest.mark.slow
+def test_apply_chat_template_renders_items_in_the_run_s_template_as_the_export_s(prepared, tmp_path):
+    """--apply-chat-template: each item is a user's turn in the run's chat template (the tokenizer's ChatML
+    here), as HFLM renders it with the export's tokenizer_config.json, and scores the same item for item."""
+    from {{ cookiecutter.package_name }}.task.chat import ChatTemplate
+
+    results = scored_by_both(prepared, tmp_path / "hf", chat=True)
+    assert_same_items(results)
+    first = min(results["ours"]["samples"]["tiny_mc"], key=lambda s: s["doc_id"])
+    template = ChatTemplate(CHAT_TEMPLATE, origin="test")
+    turn = template.render([{"role": "user", "content": ITEMS[0]["query"]}], add_generation_prompt=True)
+    assert first["arguments"][0][0] == turn and turn.startswith("<|im_start|>user")
 
 
 @pytest.mark.slow
