@@ -65,7 +65,9 @@ class HarnessModel(TemplateLM):
     model never attends to). rank and world_size: this process among those evaluating together
     (torch.distributed), whose results the harness gathers."""
 
-    def __init__(self, model: nn.Module, tokenizer, device: torch.device, precision: str, batch_size: int, chat=False):
+    def __init__(
+        self, model: nn.Module, tokenizer, device: torch.device, precision: str, batch_size: int, chat: bool = False
+    ):
         super().__init__()
         if tokenizer.eot is None:
             raise ConfigError(
@@ -295,8 +297,8 @@ def preserved_rng(device: torch.device) -> Iterator[None]:
 
 def run_tasks(lm: HarnessModel, request: Request) -> tuple[dict, dict[str, dict]]:
     """The request's scores: flat metrics {eval/TASK/METRIC: value} (stderrs as eval/TASK/METRIC_stderr), and
-    on the first process a report per task {TASK.json: {...}} with its scores, its item count, the harness's
-    version and a hash of the task's configuration (empty on the others)."""
+    a report per task {TASK: {...}} with its scores, its item count, the harness's version and a hash of the
+    task's configuration; the same on every process (the first one's, broadcast)."""
     built, manager = load_tasks(request)
     harness = logging.getLogger("lm_eval")
     level, harness.level = harness.level, max(harness.level, logging.WARNING)

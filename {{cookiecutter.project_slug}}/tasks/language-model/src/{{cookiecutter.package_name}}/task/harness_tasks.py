@@ -37,11 +37,11 @@ class Request:
 
     @classmethod
     def of_trainer(cls, trainer) -> Request:
-        """trainer.eval_tasks with trainer.eval_limit, eval_include and eval_task_data (config.py checked them)."""
+        """trainer.eval_tasks with trainer.eval_limit, eval_include and eval_task_data (engine/monitor.py
+        checked their values)."""
         if trainer.eval_include is not None and not Path(trainer.eval_include).is_dir():
             raise ConfigError(f"trainer.eval_include={trainer.eval_include!r}: no such folder")
-        limit = trainer.eval_limit
-        limit = limit if limit is None or limit < 1 else int(limit)
+        limit = _items(trainer.eval_limit)
         return cls(list(trainer.eval_tasks), limit, None, dict(trainer.eval_task_data), trainer.eval_include)
 
     @classmethod
@@ -72,8 +72,12 @@ class Request:
         include = options.get("--include")
         if include is not None and not Path(include).is_dir():
             raise ConfigError(f"--include {include!r}: no such folder")
-        return cls(tasks, limit if limit is None or limit < 1 else int(limit), fewshot, task_data, include,
-                   "--apply-chat-template" in options)  # fmt: skip
+        return cls(tasks, _items(limit), fewshot, task_data, include, "--apply-chat-template" in options)
+
+
+def _items(limit: float | None) -> float | int | None:
+    """A limit as the harness reads it: a count of items (an int) from 1 up, a fraction of them below 1."""
+    return limit if limit is None or limit < 1 else int(limit)
 
 
 def load_tasks(request: Request) -> tuple[list, TaskManager]:
