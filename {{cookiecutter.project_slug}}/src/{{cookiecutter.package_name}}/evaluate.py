@@ -17,6 +17,8 @@ run directory for a run's checkpoints/step_N.pt (so a run's eval.json sits next 
 metrics.jsonl, as with run.output_dir), else the checkpoint's own folder. The task may add
 reports (Task.evaluate), written to <output_dir>/eval/ and listed under "reports", and switches and
 options of its own (TaskSpec.evaluate_flags, TaskSpec.evaluate_options; --help lists them).
+Benchmark scores (eval/TASK/METRIC) also go to the tracker tracker.name names, in the run
+<output_dir>'s tracker run, at the checkpoint's step (engine/trackers.py: log_scores).
 
 Errors are one `error: ...` line on stderr: exit 2 for bad input (configuration, data,
 checkpoint), 1 when an output cannot be written or CUDA runs out of memory (engine/cli.py).
@@ -37,6 +39,7 @@ from .engine.config import Config
 from .engine.errors import OutOfMemory
 from .engine.loaders import build_val_loader, shut_down_workers
 from .engine.parallel import distributed
+from .engine.trackers import log_scores
 from .task.config import SPEC
 
 
@@ -89,6 +92,8 @@ def _evaluate(argv: list[str]) -> int:
         eval_json = Path(cfg.run.output_dir) / "eval.json"
         with writing(eval_json):
             atomic_write(eval_json, lambda tmp: tmp.write_text(text + "\n"))
+        scores = {key: value for key, value in metrics.items() if key.startswith("eval/")}
+        log_scores(Path(cfg.run.output_dir), cfg.tracker, scores, result["step"] or 0)
     return 0
 
 

@@ -19,6 +19,7 @@ import yaml
 from {{ cookiecutter.package_name }}.engine.config import TrackerConfig
 from {{ cookiecutter.package_name }}.engine.errors import Preempted
 from {{ cookiecutter.package_name }}.engine.metrics import MetricsLogger
+from {{ cookiecutter.package_name }}.engine.trackers import log_scores
 from {{ cookiecutter.package_name }}.train import main
 
 from conftest import killed_when, read_metrics, torchrun
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.core  # task-independent: the template runs it in one t
 
 FAKE_KEY = "0123456789abcdef0123456789abcdef01234567"  # the shape of a wandb API key
 SECRET = "s3cret-pa55word"  # a password that must never reach a store, a file or the terminal
+SCORES = {"eval/hellaswag/acc_norm": 0.25, "eval/hellaswag/acc_norm_stderr": 0.01}  # evaluate's, afterwards
 
 
 @pytest.fixture
@@ -43,7 +45,7 @@ class FakeWandb(types.ModuleType):
 
     def __init__(self):
         super().__init__("wandb")
-        self.inits, self.logged, self.finished = [], [], 0
+        self.inits, self.logged, self.summaries, self.finished, self.step = [], [], [], 0, 0
 
     def init(self, **kwargs):
         self.inits.append(kwargs)
@@ -51,6 +53,8 @@ class FakeWandb(types.ModuleType):
 
         class Run:
             id = kwargs["id"]
+            step = fake.step  # the step the run's history is at
+            summary = types.SimpleNamespace(update=fake.summaries.append)
 
             def log(self, metrics, step):
                 fake.logged.append({"step": step, **metrics})
@@ -268,7 +272,8 @@ def test_mlflow_tracking_uri_is_honoured_and_a_run_it_lacks_starts_anew(
 def test_mlflow_run_status_says_how_training_ended_and_non_finite_values_stay_out(
     tmp_path, mlflow_client, monkeypatch, capsys
 ):
-    """A run ends KILLED when preempted, FAILED on an error, FINISHED otherwise; NaN, infinities and None
+    """A run ends KILLED when preempted, FAILED on an error, FINISHED otherwise (scores evaluate adds afterwards
+    leave the status as it is); NaN, infinities and None
     (null in metrics.jsonl) are not logged, a param over MLflow's length limit is cut, and the run address
     MLflow prints for a server has its credentials masked."""
     config = {"data": {"root": "x" * 7000}, "optim": {"lr": 0.1}}
@@ -283,6 +288,12 @@ def test_mlflow_run_status_says_how_training_ended_and_non_finite_values_stay_ou
     assert client.get_run(run_id).info.status == "RUNNING"
     resumed.close(RuntimeError("CUDA out of memory"))
     assert client.get_run(run_id).info.status == "FAILED"
+    log_scores(tmp_path, TrackerConfig(name="mlflow"), SCORES, 1)  # evaluate's, afterwards: the status stays
+    assert client.get_run(run_id).info.status == "FAILED"
+    assert {key: value for (key, step), value in mlflow_values(client, run_id).items() if step == 1} == {
+        "train/lr": {0.1},
+        **{key: {value} for key, value in SCORES.items()},
+    }
 
     real = mlflow_client.set_terminated
 
@@ -294,11 +305,47 @@ def test_mlflow_run_status_says_how_training_ended_and_non_finite_values_stay_ou
     MetricsLogger(tmp_path, TrackerConfig(name="mlflow"), config).close()
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
-    assert run.data.metrics == {"train/lr": 0.1}
+    assert run.data.metrics == {"train/lr": 0.1, **SCORES}
     assert read_metrics(tmp_path)[0]["train/loss"] is None
     assert run.data.params == {"data.root": "x" * 5997 + "...", "optim.lr": "0.1"}
     out = capsys.readouterr().out
     assert "View run at: http://***@mlflow.example/" in out and SECRET not in out
+
+
+@pytest.mark.slow
+def test_scores_after_training_for_a_directory_without_an_mlflow_run_make_a_finished_one(tmp_path, mlflow_client):
+    """log_scores (evaluate's) in a directory that trained without MLflow starts a run, holding the scores at
+    the checkpoint's step, and finishes it."""
+    log_scores(tmp_path, TrackerConfig(name="mlflow"), SCORES, 3)
+    run = mlflow_client(local_store(tmp_path)).get_run((tmp_path / "mlflow_run_id").read_text())
+    assert run.info.status == "FINISHED" and run.data.metrics == SCORES
+    assert mlflow_values(mlflow_client(local_store(tmp_path)), run.info.run_id).keys() == {(k, 3) for k in SCORES}
+
+
+def test_scores_after_training_join_the_run_s_tensorboard_and_wandb_runs(tmp_path, monkeypatch):
+    """log_scores writes TensorBoard scalars at the checkpoint's step; for wandb it resumes the run
+    wandb_run_id names and puts the scores in its summary, and in its history unless that has passed the step
+    (wandb drops a step it has passed); tracker.name=none writes nothing."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log_scores(tmp_path, TrackerConfig(name="none"), SCORES, 8)
+    assert not any(tmp_path.iterdir())
+    log_scores(tmp_path, TrackerConfig(name="tensorboard"), SCORES, 8)
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    logged = {(tag, e.step): e.value for tag in events.Tags()["scalars"] for e in events.Scalars(tag)}
+    assert logged.keys() == {(key, 8) for key in SCORES}
+    assert all(math.isclose(logged[key, 8], value, rel_tol=1e-6) for key, value in SCORES.items())
+
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    (tmp_path / "wandb_run_id").write_text("trainedrun")
+    for history_step in (20, 3):  # evaluated after training went on to step 20; evaluated where it stopped
+        fake.step = history_step
+        log_scores(tmp_path, TrackerConfig(name="wandb"), SCORES, 8)
+    assert [init["id"] for init in fake.inits] == ["trainedrun"] * 2 and fake.finished == 2
+    assert fake.summaries == [SCORES] * 2 and fake.logged == [{"step": 8, **SCORES}]
 
 
 def test_mlflow_failing_during_training_is_one_warning_and_training_goes_on(

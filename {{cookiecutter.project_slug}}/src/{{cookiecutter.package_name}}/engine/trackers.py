@@ -2,7 +2,8 @@
 
 metrics.MetricsLogger (main process only) opens one with open_tracker and hands it every line it
 writes to metrics.jsonl: tracker.log(metrics, step), then tracker.close(error) with what ended
-training (None when it finished).
+training (None when it finished). evaluate adds its benchmark scores to the run's tracker afterwards
+(log_scores).
 """
 
 from __future__ import annotations
@@ -37,6 +38,23 @@ def open_tracker(output_dir: Path, cfg: TrackerConfig, config: dict, run_info: d
     return None
 
 
+def log_scores(output_dir: Path, cfg: TrackerConfig, scores: dict, step: int) -> None:
+    """A checkpoint's scores, logged after training into the tracker tracker.name names: the run
+    output_dir's wandb_run_id or mlflow_run_id names (a new run where the directory has none), or its
+    tensorboard/ folder, at the checkpoint's step. The run's status and configuration stay as training
+    left them."""
+    if cfg.name == "none" or not scores:
+        return
+    if cfg.name == "mlflow":
+        tracker = _MLflow(output_dir, cfg, {}, None, afterwards=True)
+    else:
+        tracker = open_tracker(output_dir, cfg, {}, None)
+    try:
+        tracker.log_scores(scores, step)
+    finally:
+        tracker.close()
+
+
 class _TensorBoard:
     def __init__(self, log_dir: Path, run_info: dict | None = None):
         try:
@@ -54,6 +72,8 @@ class _TensorBoard:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
         self.writer.flush()
+
+    log_scores = log
 
     def close(self, error: BaseException | None = None) -> None:
         self.writer.close()
@@ -97,6 +117,13 @@ class _Wandb:
     def log(self, metrics: dict, step: int) -> None:
         self.run.log(metrics, step=step)
 
+    def log_scores(self, scores: dict, step: int) -> None:
+        """Into the run's summary (its table of runs), and its history unless that has passed `step`:
+        wandb keeps a history in step order and drops a step it has passed."""
+        self.run.summary.update(scores)
+        if step >= self.run.step:
+            self.run.log(scores, step=step)
+
     def close(self, error: BaseException | None = None) -> None:
         self.run.finish()
 
@@ -109,7 +136,11 @@ class _MLflow:
     Credentials in the URI (user:password@) are never printed.
     """
 
-    def __init__(self, output_dir: Path, cfg: TrackerConfig, config: dict, run_info: dict | None):
+    def __init__(
+        self, output_dir: Path, cfg: TrackerConfig, config: dict, run_info: dict | None, afterwards: bool = False
+    ):
+        """afterwards: scores for a run that has ended (log_scores), whose status stays."""
+        self.afterwards, self.started = afterwards, False
         try:
             from mlflow import MlflowClient
             from mlflow.exceptions import MlflowException
@@ -146,7 +177,8 @@ class _MLflow:
             run_id = id_file.read_text().strip()
             try:
                 if self.client.get_run(run_id).info.lifecycle_stage == "active":
-                    self.client.update_run(run_id, status="RUNNING")
+                    if not self.afterwards:
+                        self.client.update_run(run_id, status="RUNNING")
                     return run_id
             except MlflowException as err:
                 if err.error_code != "RESOURCE_DOES_NOT_EXIST":
@@ -162,6 +194,7 @@ class _MLflow:
         tags = dict(tag.split("=", 1) if "=" in tag else (tag, "") for tag in cfg.tags)  # key=value, or a label
         run = self.client.create_run(experiment_id, run_name=cfg.run_name or output_dir.name, tags=tags)
         id_file.write_text(run.info.run_id)
+        self.started = True
         return run.info.run_id
 
     def _log_start(self, config: dict, run_info: dict | None) -> None:
@@ -196,11 +229,14 @@ class _MLflow:
             log.warning("MLflow failed at step %d, metrics.jsonl goes on: %s", step, redact(first_line(err)))
             self.client = None
 
-    def close(self, error: BaseException | None) -> None:
-        """End the run: FINISHED, KILLED (preempted, interrupted) or FAILED."""
+    log_scores = log
+
+    def close(self, error: BaseException | None = None) -> None:
+        """End the run: FINISHED, KILLED (preempted, interrupted) or FAILED; after training (afterwards),
+        only a run started here."""
         from mlflow.exceptions import MlflowException
 
-        if self.client is None:
+        if self.client is None or (self.afterwards and not self.started):
             return
         killed = isinstance(error, (Preempted, KeyboardInterrupt))
         status = "FINISHED" if error is None else "KILLED" if killed else "FAILED"

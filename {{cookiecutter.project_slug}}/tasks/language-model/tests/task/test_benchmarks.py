@@ -4,7 +4,9 @@ harness's own HFLM on the `export --format hf` folder (a random model); on a tin
 task's kind of text, 1 and 2 processes give the same scores, a generation task stops at its stop
 strings, local copies of the data are read, and bad requests are one line."""
 
+import importlib.util
 import json
+import math
 import re
 import shutil
 
@@ -216,11 +218,23 @@ def evaluate(trained, *options):
 @pytest.mark.slow
 def test_evaluate_tasks_gives_the_same_scores_on_one_and_two_processes(trained, capsys):
     """evaluate --tasks prints the scores with the validation metrics, writes eval/tiny_mc.json (scores,
-    items, the harness's version, the task configuration's hash), and 2 processes (each scoring every
-    other item) give the same scores and report."""
+    items, the harness's version, the task configuration's hash) and the scores to the run's tracker at the
+    checkpoint's step (TensorBoard's, where installed: the template's CI has it), and 2 processes (each scoring
+    every other item) give the same scores and report."""
     include = ["--tasks", "tiny_mc", "--include", str(trained / "tasks")]
-    assert evaluate(trained, *include) == 0
+    tracker = importlib.util.find_spec("tensorboard") is not None
+    assert evaluate(trained, *include, *["tracker.name=tensorboard"] * tracker) == 0
     printed = json.loads(capsys.readouterr().out)
+    if tracker:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        events = EventAccumulator(str(trained / "run" / "tensorboard"))
+        events.Reload()
+        logged = {(tag, e.step): e.value for tag in events.Tags()["scalars"] for e in events.Scalars(tag)}
+        scores = {(key, printed["step"]): value for key, value in printed.items() if key.startswith("eval/")}
+        assert logged.keys() == scores.keys() and all(
+            math.isclose(logged[k], v, abs_tol=1e-6) for k, v in scores.items()
+        )
     report = json.loads((trained / "run" / "eval" / "tiny_mc.json").read_text())
     assert printed["eval/tiny_mc/acc"] == report["scores"]["acc"] == 1.0 and "val/loss" in printed
     assert report["items"] == len(ITEMS) and report["harness_version"] == lm_eval.__version__
