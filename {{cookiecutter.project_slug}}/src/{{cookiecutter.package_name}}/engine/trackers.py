@@ -27,14 +27,15 @@ from .errors import Preempted
 log = logging.getLogger(__name__)
 
 
-def open_tracker(output_dir: Path, cfg: TrackerConfig, config: dict, run_info: dict | None):
-    """The tracker tracker.name names (None for none), started for this run."""
+def open_tracker(output_dir: Path, cfg: TrackerConfig, config: dict, run_info: dict | None, afterwards: bool = False):
+    """The tracker tracker.name names (None for none), started for this run; afterwards: for scores of a run
+    that has ended (log_scores), whose MLflow status stays."""
     if cfg.name == "tensorboard":
         return _TensorBoard(output_dir / "tensorboard", run_info)
     if cfg.name == "wandb":  # the run's provenance beside its configuration
         return _Wandb(output_dir, cfg, {**config, "run_info": run_info} if run_info else config)
     if cfg.name == "mlflow":
-        return _MLflow(output_dir, cfg, config, run_info)
+        return _MLflow(output_dir, cfg, config, run_info, afterwards)
     return None
 
 
@@ -43,12 +44,9 @@ def log_scores(output_dir: Path, cfg: TrackerConfig, scores: dict, step: int) ->
     output_dir's wandb_run_id or mlflow_run_id names (a new run where the directory has none), or its
     tensorboard/ folder, at the checkpoint's step. The run's status and configuration stay as training
     left them."""
-    if cfg.name == "none" or not scores:
+    tracker = open_tracker(output_dir, cfg, {}, None, afterwards=True) if scores else None
+    if tracker is None:
         return
-    if cfg.name == "mlflow":
-        tracker = _MLflow(output_dir, cfg, {}, None, afterwards=True)
-    else:
-        tracker = open_tracker(output_dir, cfg, {}, None)
     try:
         tracker.log_scores(scores, step)
     finally:
