@@ -59,6 +59,7 @@ bench/results/cpu.json (or --json FILE).
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import platform
@@ -643,6 +644,8 @@ def bake(work: Path, task: str = "image-classification") -> tuple[Path, str]:
         )
     )
     package = next(p.parent.name for p in (project / "src").glob("*/train.py"))
+    # Compiled once here, so no timed run compiles the package (PYTHONDONTWRITEBYTECODE may be set).
+    compileall.compile_dir(project / "src", quiet=1)
     return project, package
 
 

@@ -9,7 +9,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import bake, files_left, run, run_baked_tests, temproot_for
+from conftest import bake, compile_bytecode, files_left, run, run_baked_tests, temproot_for
 
 pytestmark = pytest.mark.baked
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.baked
 # language-model bake's (test_language_model_fast_tier_passes_under_a_second_arithmetic), under a
 # second arithmetic (SECOND_ARITHMETIC), so a test that expects numbers made on another CPU fails
 # here rather than on a user's machine. The tests marked `core` (engine behaviour no task changes:
-# signals, restarts, checkpoint formats, trackers, sweeps) run once: the fast ones in the image
+# signals, restarts, checkpoint formats and damage, resume rules, trackers, sweeps) run once: the fast ones in the image
 # bake's fast tier, the slow ones with the cheaper task, in the language-model bake's slow tier. The
 # image bake's other slow tests run in test_baked_slow_tests_pass. Each other bake runs only the
 # tests that its answer changes the outcome of. The tracker answer changes the configured default
@@ -124,6 +124,7 @@ def test_readme_install_then_tests_pass(cookies, tmp_path):
     assert "Requirement already satisfied: torch" in install.stdout, _tail(install.stdout)
     assert not HEAVY_PACKAGE.search(install.stdout), HEAVY_PACKAGE.search(install.stdout)
 
+    compile_bytecode(baked.path)
     pytest_command = [
         bin_dir / "python",
         "-m",
@@ -142,8 +143,8 @@ def test_readme_install_then_tests_pass(cookies, tmp_path):
 
 def test_baked_slow_tests_pass(cookies):
     """The default bake's slow tier passes, but for the `core` tests the language-model bake runs:
-    resume, world-size invariance and the data pipeline with images, and an imagefolder of PNG
-    files that trains well."""
+    SIGKILL under FSDP, world-size invariance and the data pipeline with images, and an imagefolder
+    of PNG files that trains well."""
     baked = bake(cookies)
     completed = run_baked_tests(
         baked.path, "-m", "slow and not core", "-k", f"not ({LAUNCH_TESTS})", timeout=1500

@@ -498,14 +498,15 @@ def test_docs_cite_only_metrics_the_project_logs(baked):
     """Every train/, val/ or perf/ metric the docs name is a key some task's baked code writes.
 
     The engine logs the best value of the monitored metric val/<x> so far as val/best_<x> (of a
-    benchmark's eval/TASK/METRIC as eval/best_TASK/METRIC); a task's trainer.monitor may be any metric
-    of its SPEC.metrics (by default SPEC.monitor)."""
+    benchmark's eval/TASK/METRIC as eval/best_TASK/METRIC); a task's trainer.monitor may be any
+    metric of its SPEC.metrics (by default SPEC.monitor)."""
     source = "\n".join(
         path.read_text(encoding="utf-8")
         for facts in baked.values()
         for path in sorted((facts["path"] / "src").rglob("*.py"))
     )
-    assert 'f"{kind}/best_{name}"' in source, "the engine no longer builds val/best_<x> (KIND/best_NAME)"
+    builds_best = 'f"{kind}/best_{name}"' in source
+    assert builds_best, "the engine no longer builds val/best_<x> (KIND/best_NAME)"
     best = {
         "val/best_" + metric.split("/", 1)[1]
         for facts in baked.values()

@@ -164,6 +164,7 @@ def test_all_keys_are_dotted_section_fields():
 
 
 @pytest.mark.slow
+@pytest.mark.core  # the command line: the same for every task
 def test_cli_exits_2_with_one_line_and_no_traceback():
     """The train command refuses a bad key with exit status 2 and a single stderr line."""
     result = subprocess.run(
@@ -192,6 +193,7 @@ def test_help_lists_every_key(capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.core  # the command line: the same for every task
 def test_help_into_a_closed_pipe_ends_quietly():
     """`train --help | head` ends with status 0 and no BrokenPipeError traceback when the reader has gone."""
     import subprocess

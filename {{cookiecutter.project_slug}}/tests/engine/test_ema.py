@@ -101,6 +101,7 @@ def test_evaluate_and_export_use_the_average_unless_asked_for_the_trained_weight
 
 
 @pytest.mark.slow
+@pytest.mark.core  # the average's restore: the same for every task
 def test_turning_the_average_on_at_resume_starts_it_at_the_restored_weights(tiny, run_dir, caplog):
     """optim.ema_decay may change on resume: turned on, the average starts at the checkpoint's weights
     (not at the initial ones), so the first validation after it measures something trained."""

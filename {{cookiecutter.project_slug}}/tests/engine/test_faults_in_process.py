@@ -32,6 +32,7 @@ from conftest import newest, read_metrics
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoint damage and failed steps: the same for every task
 def test_nan_gradient_stops_before_the_update_and_saves_nothing(tiny, run_dir, monkeypatch, capsys):
     """A NaN loss at step 3 (so NaN gradients): that update is skipped, the run stops with exit 1
     naming step 3 and the remedies, and nothing after the step-2 checkpoint is saved."""
@@ -54,6 +55,7 @@ def test_nan_gradient_stops_before_the_update_and_saves_nothing(tiny, run_dir, m
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoint damage and failed steps: the same for every task
 def test_the_first_non_finite_step_of_a_log_window_is_named(tiny, run_dir, monkeypatch, capsys):
     """NaN losses at steps 2 and 3 of a 4-step log window: both updates are skipped on the device,
     and the check at the log line (one host read per window) names step 2, the first of them."""
@@ -110,6 +112,7 @@ def _two_checkpoints(tiny, run_dir) -> list[Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoint damage and failed steps: the same for every task
 @pytest.mark.parametrize("damage", ["truncate", "flip-a-bit"])
 def test_damaged_newest_checkpoint_is_set_aside_and_the_previous_one_used(damage, tiny, run_dir, caplog):
     """A truncated or bit-flipped newest checkpoint is named in a warning, renamed *.corrupt (kept),
@@ -129,6 +132,7 @@ def test_damaged_newest_checkpoint_is_set_aside_and_the_previous_one_used(damage
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoint damage and failed steps: the same for every task
 def test_an_older_starting_point_renames_later_checkpoints_instead_of_deleting_them(tiny, run_dir):
     """Resuming from an explicit older checkpoint renames the later ones *.superseded (kept), so a
     later auto-resume cannot jump back to the replaced run."""
@@ -157,6 +161,7 @@ def test_keep_last_one_never_deletes_the_only_good_checkpoint(tmp_path, monkeypa
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoint damage and failed steps: the same for every task
 @pytest.mark.parametrize("failure", ["ENOSPC", "torch-write-failed"])
 def test_disk_full_while_saving_exits_1_and_keeps_older_checkpoints(failure, tiny, run_dir, monkeypatch, capsys):
     """A full disk during a save (an OSError, or torch.save's own RuntimeError when it writes to a

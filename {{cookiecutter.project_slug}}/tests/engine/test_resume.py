@@ -37,9 +37,12 @@ SAVES = {
     "async": ["trainer.async_checkpoint=true"],  # sharded, written in the background
 }
 
+# The full format's row is the fast tier's resume test, with each task's random data draws. The
+# sharded formats' rows are slow and `core`: the formats are the engine's, the same for every task.
+SLOW_FORMAT = [pytest.mark.slow, pytest.mark.core]
 
-# The full format's row is the fast tier's resume test; the sharded formats' rows are slow.
-@pytest.mark.parametrize("save", [s if s == "full" else pytest.param(s, marks=pytest.mark.slow) for s in SAVES])
+
+@pytest.mark.parametrize("save", [s if s == "full" else pytest.param(s, marks=SLOW_FORMAT) for s in SAVES])
 def test_resume_after_a_crash_matches_an_uninterrupted_run(save, tiny, tmp_path, final_weights):
     """Killed after step 5 and resumed from the step-4 checkpoint (the task's random data draws on, a
     validation every 3 steps), training ends with identical weights and the same logged lines: with
@@ -87,6 +90,7 @@ def test_resuming_with_a_changed_learning_rate_exits_2_naming_key_values_and_rem
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoints and resume rules: the same for every task
 def test_allowed_changes_are_applied_and_logged(tiny, run_dir, caplog):
     """Stop conditions, cadence and workers may change on resume; the log names what changed and the
     run continues from its checkpoint."""
@@ -102,6 +106,7 @@ def test_allowed_changes_are_applied_and_logged(tiny, run_dir, caplog):
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoints and resume rules: the same for every task
 def test_override_optim_applies_the_new_learning_rate_and_weight_decay(tiny, run_dir, capsys):
     """The remedy of a diverged run works: with trainer.override_optim=true, a run resumed from step 2 with
     a lower optim.lr, another weight decay and other betas trains with them from its next step on."""
@@ -121,6 +126,7 @@ def test_override_optim_applies_the_new_learning_rate_and_weight_decay(tiny, run
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoints and resume rules: the same for every task
 def test_batch_size_may_change_when_the_global_batch_does_not(tiny, run_dir, capsys):
     """B per step may be resumed as 2 accumulated micro-batches of B/2, not as B/2 per step."""
     batch = load_config(SPEC, [], tiny).data.batch_size
@@ -135,6 +141,7 @@ def test_batch_size_may_change_when_the_global_batch_does_not(tiny, run_dir, cap
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoints and resume rules: the same for every task
 def test_resuming_with_another_precision_exits_2(tiny, run_dir, capsys):
     """An fp32 checkpoint resumed with trainer.precision=bf16 (on a GPU also fp16, whose scaler state an
     fp32 checkpoint lacks) stops with one line naming trainer.precision."""
@@ -156,6 +163,7 @@ def test_resuming_an_fp32_checkpoint_with_fp16_exits_2_on_a_gpu(tiny, run_dir, c
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoints and resume rules: the same for every task
 def test_a_fresh_start_in_a_used_directory_keeps_every_earlier_file(tiny, run_dir):
     """trainer.resume=never in a directory that holds two earlier runs: their metrics, best model, config and
     checkpoints are renamed *.superseded under names of their own; the new metrics.jsonl holds one series."""
@@ -176,6 +184,7 @@ def test_a_fresh_start_in_a_used_directory_keeps_every_earlier_file(tiny, run_di
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoints and resume rules: the same for every task
 def test_a_fresh_start_after_a_run_without_checkpoints_sets_its_metrics_aside(tiny, run_dir):
     """A run that died before its first checkpoint left metrics.jsonl: the next start (resume=auto finds
     nothing) sets it aside instead of appending a second series."""
@@ -189,6 +198,7 @@ def test_a_fresh_start_after_a_run_without_checkpoints_sets_its_metrics_aside(ti
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoints and resume rules: the same for every task
 def test_resuming_from_an_earlier_checkpoint_sets_aside_a_later_best_model(tiny, run_dir):
     """best.safetensors of step 6 is not replaced by the best of a run resumed from step 2: it is renamed,
     and the new best.safetensors says in its header which step made it."""
@@ -211,6 +221,7 @@ time.sleep(600)
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoints and resume rules: the same for every task
 def test_a_second_run_in_the_same_directory_exits_2_naming_the_first(tiny, run_dir, capsys):
     """While another process holds the directory, a run exits 2 naming its pid and host, and writes nothing;
     once that process is killed (its lock file left behind), the next run takes the lock over."""
@@ -246,6 +257,7 @@ def test_the_lock_file_names_its_holder(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoints and resume rules: the same for every task
 def test_best_model_header_records_its_step_and_metrics(tiny, run_dir):
     """best.safetensors carries the step and validation metrics that made it best."""
     assert main([*tiny]) == 0

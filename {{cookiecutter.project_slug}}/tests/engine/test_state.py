@@ -91,6 +91,7 @@ def test_a_non_finite_loss_skips_the_update_and_is_named_at_the_next_check():
 
 
 @pytest.mark.slow
+@pytest.mark.core  # checkpoint formats: the same for every task
 def test_checkpoints_carry_their_format_and_a_newer_one_is_refused(tiny, run_dir, capsys):
     """Checkpoints say which layout they have; one from a newer project is refused in one line (exit 2), and
     one from before the key existed still resumes."""
