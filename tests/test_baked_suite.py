@@ -18,13 +18,18 @@ pytestmark = pytest.mark.baked
 # language-model bake's (test_language_model_fast_tier_passes_under_a_second_arithmetic), under a
 # second arithmetic (SECOND_ARITHMETIC), so a test that expects numbers made on another CPU fails
 # here rather than on a user's machine. The tests marked `core` (engine behaviour no task changes:
-# signals, restarts, checkpoint formats and damage, resume rules, trackers, sweeps) run once: the fast ones in the image
-# bake's fast tier, the slow ones with the cheaper task, in the language-model bake's slow tier. The
-# image bake's other slow tests run in test_baked_slow_tests_pass. Each other bake runs only the
+# signals, restarts, checkpoint formats and damage, resume rules, the command line, trackers,
+# sweeps) run once: the fast ones in the image bake's fast tier, the slow ones with the cheaper
+# task, in the language-model bake's slow tier. The image bake's other slow tests run in
+# test_baked_slow_tests_pass. Each other bake runs only the
 # tests that its answer changes the outcome of. The tracker answer changes the configured default
 # tracker (the defaults test checks default.yaml against the config's defaults); every tracker test
 # names its tracker itself, so it runs the same in any bake. The launcher answer changes the README
 # and runs the launch tests.
+#
+# pytest runs this file's tests in order: the fast tiers, on one thread each, first, while the
+# benchmark check that test_bench.py starts with the session has a core to itself; the slow tiers,
+# whose gloo processes wait on each other, after it.
 VARIANT_TESTS = {
     "tracker=wandb": ["tests/engine/test_config.py", "-k", "defaults"],
     "tracker=tensorboard": ["tests/engine/test_config.py", "-k", "defaults"],
@@ -141,17 +146,6 @@ def test_readme_install_then_tests_pass(cookies, tmp_path):
     assert ARITHMETIC_HEADER in tests.stdout, tests.stdout[:2000]  # the run really used it
 
 
-def test_baked_slow_tests_pass(cookies):
-    """The default bake's slow tier passes, but for the `core` tests the language-model bake runs:
-    SIGKILL under FSDP, world-size invariance and the data pipeline with images, and an imagefolder
-    of PNG files that trains well."""
-    baked = bake(cookies)
-    completed = run_baked_tests(
-        baked.path, "-m", "slow and not core", "-k", f"not ({LAUNCH_TESTS})", timeout=1500
-    )
-    _assert_passed_and_cleaned_up(completed, baked.path)
-
-
 def test_language_model_fast_tier_passes_under_a_second_arithmetic(cookies):
     """The language model's fast tier passes with other float rounding (plain kernels, one thread):
     its tests compare only numbers computed in the same run, so they pass on any CPU. (The image
@@ -166,6 +160,17 @@ def test_language_model_fast_tier_passes_under_a_second_arithmetic(cookies):
     )
     _assert_passed_and_cleaned_up(completed, baked.path)
     assert ARITHMETIC_HEADER in completed.stdout, completed.stdout[:2000]  # the run really used it
+
+
+def test_baked_slow_tests_pass(cookies):
+    """The default bake's slow tier passes, but for the `core` tests the language-model bake runs:
+    SIGKILL under FSDP, world-size invariance and the data pipeline with images, and an imagefolder
+    of PNG files that trains well."""
+    baked = bake(cookies)
+    completed = run_baked_tests(
+        baked.path, "-m", "slow and not core", "-k", f"not ({LAUNCH_TESTS})", timeout=1500
+    )
+    _assert_passed_and_cleaned_up(completed, baked.path)
 
 
 def test_language_model_bake_passes_its_slow_tier(cookies):

@@ -177,6 +177,18 @@ def test_cli_exits_2_with_one_line_and_no_traceback():
     assert result.stderr.strip().splitlines() == ["error: data.batch_sz: unknown key; did you mean data.batch_size?"]
 
 
+@pytest.mark.slow
+@pytest.mark.core  # the command line: the same for every task
+def test_commands_exit_without_the_interpreter_s_last_garbage_collections():
+    """The commands' module freezes the garbage collector's objects at exit (engine/cli.py), so the
+    interpreter's last collections skip what torch made: an exit handler registered before that
+    module is imported runs after its handler, and finds the objects frozen."""
+    probe = "import atexit, gc; atexit.register(lambda: print(gc.get_freeze_count() > 0))\n"
+    probe += "import {{ cookiecutter.package_name }}.engine.cli"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "True", result.stdout + result.stderr[-2000:]
+
+
 def test_main_returns_2_on_bad_option(capsys):
     """Unknown command-line options are refused, not ignored."""
     assert main(["--epochs", "3"]) == 2
