@@ -309,8 +309,12 @@ def shard_model(
         fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32, cast_forward_inputs=False)
         for norm in [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]:
             fully_shard(norm, mesh=mesh, mp_policy=fp32)
-    for _, block in recompute.blocks(model):
-        fully_shard(block, **options)
+    # Innermost first: a block inside another (a block that is itself an nn.Sequential, within a
+    # stage of blocks) is sharded before the block that holds it, and a module already sharded (a
+    # BatchNorm above) is left as it is: FSDP2 shards a parameter once, bottom-up.
+    for _, block in reversed(recompute.blocks(model)):
+        if not is_fsdp(block):
+            fully_shard(block, **options)
     fully_shard(model, **options)
     return model
 

@@ -239,6 +239,29 @@ def test_fsdp_bf16_keeps_batchnorm_weights_in_fp32(tmp_path):
     assert seen == {"conv": {torch.bfloat16}, "norm": {torch.float32}}
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_fsdp_shards_a_model_whose_blocks_nest_once_each(precision, tmp_path):
+    """MobileNetV3's blocks nest (each Conv2dNormActivation is an nn.Sequential inside the stage of
+    blocks, and holds a BatchNorm that bf16 shards on its own first): every parameter is sharded
+    once, and the model trains a step."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from {{ cookiecutter.package_name }}.task.config import ModelConfig
+    from {{ cookiecutter.package_name }}.task.model import build_model
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        model = build_model(ModelConfig(name="mobilenet_v3_small"), num_classes=10)
+        distributed.shard_model(model, distributed.DistEnv(0, 0, 1, torch.device("cpu")), precision)
+        model(torch.randn(2, 3, 32, 32)).float().sum().backward()
+        params = dict(model.named_parameters())
+        assert all(isinstance(p, DTensor) and not isinstance(p.to_local(), DTensor) for p in params.values())
+        assert all(p.grad is not None for p in params.values())
+    finally:
+        distributed.teardown()
+
+
 COMPARE_BUFFERS = """
 import json, os, sys
 import torch
