@@ -1,6 +1,7 @@
 """Configuration: defaults, YAML, overrides, and one clear line for every mistake."""
 
 import dataclasses
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -187,6 +188,31 @@ def test_commands_exit_without_the_interpreter_s_last_garbage_collections():
     probe += "import {{ cookiecutter.package_name }}.engine.cli"
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.strip() == "True", result.stdout + result.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.core  # the command line: the same for every task
+def test_a_command_imports_with_the_collector_off_and_runs_with_it_on(tmp_path):
+    """Under `python -m PACKAGE.COMMAND` (Python sets sys.argv[0] to "-m" while it imports the command's
+    packages) the package turns the garbage collector off before the command imports torch
+    (engine/startup.py): those imports run no collection, and cli.run turns it back on with what they
+    made frozen. Imported any other way, the package leaves the collector alone. The probe is a package
+    of its own that imports this one, run both ways."""
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    (probe / "__init__.py").write_text(
+        "import gc\nbefore = [g['collections'] for g in gc.get_stats()]\n"
+        "import {{ cookiecutter.package_name }}.engine.cli as cli\n"
+        "OFF = [g['collections'] for g in gc.get_stats()] == before and not gc.isenabled()\n"
+    )
+    (probe / "__main__.py").write_text(
+        "import gc\nfrom probe import OFF, cli\ncli.run(lambda: 0)\n"
+        "print(OFF, gc.isenabled(), gc.get_freeze_count() > 0)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    for how, expected in ((["-m", "probe"], "True True True"), (["-c", "import probe.__main__"], "False True False")):
+        result = subprocess.run([sys.executable, *how], capture_output=True, text=True, env=env, timeout=120)
+        assert result.returncode == 0 and result.stdout.strip() == expected, (how, result.stdout, result.stderr[-2000:])
 
 
 def test_main_returns_2_on_bad_option(capsys):

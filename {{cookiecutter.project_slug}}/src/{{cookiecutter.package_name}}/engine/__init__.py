@@ -5,6 +5,7 @@ part takes the config sections it reads, not the whole config.
 
     seam                the task interface: TaskSpec and the Task base class
     config, errors, cli typed configuration, the error kinds, and their exit statuses in every command
+    startup             the garbage collector off while a command imports torch (python -m PACKAGE.COMMAND)
     loop, step, state   the outer training loop, one optimizer step, the checkpointable state
     loaders, optim, ema, metrics, trackers, profiler, provenance, rundir, preemption, launcher
     torch_private       the few private PyTorch names used, each with a test

@@ -17,6 +17,7 @@ import torch
 
 from .errors import PREEMPTED_EXIT, OutOfMemory, PeerFailure, Preempted, exit_status, report
 from .parallel import distributed
+from .startup import imports_done
 
 # The interpreter's last garbage collections at exit walk the million objects that torch and its
 # compiler stack made: 0.7 s of every command's exit, of each torchrun worker's too. Frozen, they are
@@ -27,6 +28,7 @@ atexit.register(gc.freeze)
 
 def run(command: Callable[[], int]) -> int:
     """Run a command's body and return its exit status, or the status of the error that ended it."""
+    imports_done()
     try:
         code = command()
     except Preempted as err:
