@@ -42,10 +42,10 @@ from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import (
 from {{ cookiecutter.package_name }}.engine.preemption import PREEMPTED_EXIT, StopRequest
 
 from conftest import newest, read_metrics
-from tiny import RANDOM_DATA, VAL_KEYS
+from tiny import RANDOM_DATA, SMALL_MODEL, VAL_KEYS
 
-# Augmentation on, log windows that straddle checkpoints (log_every=3, checkpoint_every=2).
-RESUMABLE = [*RANDOM_DATA, "trainer.checkpoint_every=2", "trainer.log_every=3", "trainer.keep_last=2"]
+# Augmentation on, log windows that straddle checkpoints (log_every=3, checkpoint_every=2), the task's small model.
+RESUMABLE = [*RANDOM_DATA, *SMALL_MODEL, "trainer.checkpoint_every=2", "trainer.log_every=3", "trainer.keep_last=2"]
 # One process loads with DataLoader workers (which signals reach too), two processes gather their
 # batches on the device (data.loader=device): both pipelines must resume bit-exactly.
 ONE_PROCESS = [*RESUMABLE, "data.loader=workers", "data.num_workers=2", "trainer.max_epochs=8"]  # 6 steps per epoch

@@ -230,9 +230,9 @@ def test_ctrl_c_stops_the_trial_with_a_checkpoint_and_the_sweep_resumes_it(tmp_p
 def test_torchrun_workers_stop_with_a_checkpoint_when_the_sweep_is_killed(tmp_path):
     """Under --nproc-per-node torchrun starts its workers in sessions of their own, out of reach of a
     SIGKILL to the sweep's process group: they stop by themselves once torchrun is gone, with a
-    checkpoint, long before their 300 steps are done, and the next start finishes the trial. (With 24
+    checkpoint, long before their 180 steps are done, and the next start finishes the trial. (With 24
     steps, as this test had, a trial could end in the second its workers take to notice.)"""
-    path = sweep_file(tmp_path, trials=1, overrides=[*TINY, "trainer.max_epochs=100", "trainer.checkpoint_every=2"])
+    path = sweep_file(tmp_path, trials=1, overrides=[*TINY, "trainer.max_epochs=60", "trainer.checkpoint_every=2"])
     process = start(path, "--nproc-per-node", "2")
     run_dir = tmp_path / "sweep" / "trial_0"
     wait_for_checkpoint(run_dir, process)
@@ -241,7 +241,7 @@ def test_torchrun_workers_stop_with_a_checkpoint_when_the_sweep_is_killed(tmp_pa
     wait_until_gone(tmp_path / "sweep", timeout=30)
     assert "launcher (pid" in (run_dir / "trial.log").read_text()  # stopped by the loss of its launcher
     stopped_at = int(list_checkpoints(run_dir / "checkpoints")[-1].name[5:13])
-    assert stopped_at < 300
+    assert stopped_at < 180
 
     assert main(["--config", str(path), "--nproc-per-node", "2"]) == 0
     starts = json.loads((run_dir / "run_info.json").read_text())["runs"]

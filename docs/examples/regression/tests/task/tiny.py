@@ -17,6 +17,8 @@ TINY = [
 ]
 # Random draws of the training data that a resumed run must repeat exactly: none here.
 RANDOM_DATA: list[str] = []
+# The model of the engine's fault runs, which write a checkpoint every second step: TINY's.
+SMALL_MODEL: list[str] = []
 # No random draws of the training data: both loaders hand over the same batches.
 SAME_DATA: list[str] = []
 # Keys of a validation line, and the one that counts what was validated with the set's size.
