@@ -20,9 +20,9 @@ except ModuleNotFoundError:  # Python 3.10
 # name. include_ci=no drops .github/workflows/ci.yml; include_docker=yes adds the Dockerfile and
 # .dockerignore; no bake keeps a licenses/ or tasks/ directory.
 ENGINE = [
-    *("__init__", "seam", "config", "errors", "loop", "cli", "startup", "rundir", "metrics", "trackers"),
-    *("optim", "state", "step", "loaders", "ema", "preemption", "profiler", "provenance"),
-    "launcher",
+    *("__init__", "seam", "config", "errors", "loop", "cli", "startup", "rundir", "metrics"),
+    *("trackers", "optim", "state", "step", "loaders", "ema", "preemption", "profiler"),
+    *("provenance", "launcher"),
     "monitor",
     *("torch_private", "ckpt/__init__", "ckpt/files", "ckpt/names", "ckpt/checkpoint"),
     "ckpt/sharded",
