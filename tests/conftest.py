@@ -185,16 +185,6 @@ def _start_in_background(name: str, command: Callable[[Path], list]) -> None:
     _background[name] = (process, work)
 
 
-def wait_for_background(timeout: float = 1800) -> None:
-    """Wait until the BACKGROUND commands have ended (their tests read their results later). Gloo
-    processes slow down far more than in proportion when another process takes a core: the language
-    model's slow tier took 704 s beside the benchmark check instead of 592, even with the check in a
-    cgroup marked cpu.idle, so the multi-process suites start after it."""
-    for process, _ in _background.values():
-        with contextlib.suppress(subprocess.TimeoutExpired):  # its test then reports it
-            process.wait(timeout=timeout)
-
-
 def background_result(name: str, command: Callable[[Path], list], timeout: float) -> tuple:
     """(return code, stdout, stderr, work directory) of a BACKGROUND command, waiting for it
     (started now if the session did not: a test selected on its own)."""

@@ -9,15 +9,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import (
-    bake,
-    compile_bytecode,
-    files_left,
-    run,
-    run_baked_tests,
-    temproot_for,
-    wait_for_background,
-)
+from conftest import bake, compile_bytecode, files_left, run, run_baked_tests, temproot_for
 
 pytestmark = pytest.mark.baked
 
@@ -36,8 +28,8 @@ pytestmark = pytest.mark.baked
 # and runs the launch tests.
 #
 # pytest runs this file's tests in order: the fast tiers, on one thread each, first, while the
-# benchmark check that test_bench.py starts with the session has the other core; the slow tiers,
-# whose gloo processes wait on each other, once it has ended (wait_for_background).
+# benchmark check that test_bench.py starts with the session has a core to itself; the slow tiers,
+# whose gloo processes wait on each other, after it.
 VARIANT_TESTS = {
     "tracker=wandb": ["tests/engine/test_config.py", "-k", "defaults"],
     "tracker=tensorboard": ["tests/engine/test_config.py", "-k", "defaults"],
@@ -174,7 +166,6 @@ def test_baked_slow_tests_pass(cookies):
     """The default bake's slow tier passes, but for the `core` tests the language-model bake runs:
     SIGKILL under FSDP, world-size invariance and the data pipeline with images, and an imagefolder
     of PNG files that trains well."""
-    wait_for_background()
     baked = bake(cookies)
     completed = run_baked_tests(
         baked.path, "-m", "slow and not core", "-k", f"not ({LAUNCH_TESTS})", timeout=1500
@@ -188,7 +179,6 @@ def test_language_model_bake_passes_its_slow_tier(cookies):
     trackers, checkpoint formats, prepare's memory, and 2 gloo processes against one (its fast tier
     runs under the second arithmetic). The default demo's test (600 steps, 105 s) is left to the
     project's own `make test-all` and to `make bench`, which checks the demo's targets."""
-    wait_for_background()
     baked = bake(cookies, task="language-model")
     skipped = f"not ({LAUNCH_TESTS} or {DEMO_TEST})"
     completed = run_baked_tests(baked.path, "-m", "slow and not gpu", "-k", skipped, timeout=1500)
