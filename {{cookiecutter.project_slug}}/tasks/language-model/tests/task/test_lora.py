@@ -200,7 +200,9 @@ TWO_PROCESSES = {
 @pytest.mark.parametrize("strategy", list(TWO_PROCESSES))
 def test_two_processes_make_the_update_of_one(tmp_path, strategy):
     """LoRA on 2 gloo processes (TWO_PROCESSES) and on 1 x batch 4: the same adapters after 3 steps, to
-    float32 summation order."""
+    float32 summation order. AdamW turns that rounding into lr-sized steps wherever a gradient is near
+    zero (lora_A's are, while lora_B leaves zero), so a bound on single weights depends on the CPU; each
+    tensor's distance is bounded instead, against its size (lora_B's is all update: it starts at zero)."""
     from conftest import torchrun
 
     folder(tmp_path / "base", "llama")
@@ -212,7 +214,8 @@ def test_two_processes_make_the_update_of_one(tmp_path, strategy):
     one, two = newest(tmp_path / "one"), newest(tmp_path / "two")
     assert set(one["model"]) == set(two["model"])
     for key in one["model"]:
-        torch.testing.assert_close(two["model"][key], one["model"][key], rtol=1e-4, atol=1e-6)
+        distance = torch.linalg.vector_norm(two["model"][key] - one["model"][key])
+        assert distance <= 1e-4 * torch.linalg.vector_norm(one["model"][key]), key
     assert one["model"]["layers.0.self_attn.q_proj.lora_B.weight"].abs().sum() > 0  # the adapters did train
 
 
