@@ -6,12 +6,11 @@ import hashlib
 import importlib.util
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -122,100 +121,71 @@ def compile_bytecode(project: Path) -> None:
 def run_baked_tests(
     project: Path, *args: str, timeout: float = 300, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """Run a baked project's own test suite (`baked_tests_command`) with env's variables added."""
-    command, added = baked_tests_command(project, *args)
-    return run(command, cwd=project, env={**os.environ, **(env or {}), **added}, timeout=timeout)
+    """Run a baked project's own test suite with this interpreter, importing it from ``src/``, with
+    env's variables added, its modules compiled first (`compile_bytecode`).
 
-
-def baked_tests_command(project: Path, *args: str) -> tuple[list, dict]:
-    """The command that runs a baked project's own tests with this interpreter, and the variables
-    it needs added: its modules compiled first (`compile_bytecode`), imported from ``src/``, its
-    temporary directories under `temproot_for(project)`."""
+    Its temporary directories go under `temproot_for(project)`.
+    """
     compile_bytecode(project)
-    env = {"PYTHONPATH": str(project / "src"), "PYTEST_DEBUG_TEMPROOT": str(temproot_for(project))}
-    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], env
+    env = {
+        **os.environ,
+        **(env or {}),
+        "PYTHONPATH": str(project / "src"),
+        "PYTEST_DEBUG_TEMPROOT": str(temproot_for(project)),
+    }
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
+    return run(command, cwd=project, env=env, timeout=timeout)
 
 
 # Commands a test module checks the outcome of, started in the background when the session starts:
 # a test module's BACKGROUND maps a fixture name to a function that, given a work directory, returns
-# the command (a list) or a `Background`; the tests that use the fixture wait for it and run last.
-#
-# Two kinds. A benchmark check runs at the lowest CPU priority, so it takes only what the foreground
-# tests leave idle and slows them little. Lowest means nice 19 in a session of its own whose
-# autogroup is niced too: Linux shares the CPU between sessions (autogroups) first, and torchrun
-# starts every worker in a session of its own, so a command niced only inside the test session's
-# group would still take a third of the CPU from 2 such workers. Its timings are not read: the
-# benchmark's --quick checks that every figure is produced and consistent.
-# A baked suite's slow tier (nice 0) runs beside the other tests as their equal: alone it keeps
-# 1.2 of 2 cores busy (its gloo processes wait on each other), so run after the rest it left the
-# machine a fifth idle for its 14 minutes.
-@dataclass(frozen=True)
-class Background:
-    """A background command: its argv, working directory, variables added, and niceness."""
-
-    argv: list
-    cwd: Path | None = None
-    env: dict = field(default_factory=dict)
-    nice: int = 19
-
-
+# the command. Each runs at the lowest CPU priority, so it takes only what the foreground tests
+# leave idle (about 0.8 of 2 cores over a template run, whose suites are mostly one busy process)
+# and slows them little; the fixture's tests wait for it. Lowest means nice 19 in a session of its
+# own whose autogroup is niced too: Linux shares the CPU between sessions (autogroups) first, and
+# torchrun starts every worker in a session of its own, so a background command niced only inside
+# the test session's group would still take a third of the CPU from 2 such workers. Its timings
+# are not read: the benchmark's --quick checks that every figure is produced and consistent.
 _background: dict[str, tuple[subprocess.Popen, Path]] = {}
 
 
-def _background_names(item) -> set[str]:
-    commands = getattr(getattr(item, "module", None), "BACKGROUND", {})
-    return set(commands) & set(getattr(item, "fixturenames", ()))
-
-
-def pytest_collection_modifyitems(session, config, items):
-    """Tests that wait for a background command run after all the others (in their own order)."""
-    items.sort(key=lambda item: bool(_background_names(item)))  # a stable sort
-
-
 def pytest_collection_finish(session):
-    """Start the BACKGROUND commands the selected tests use, once each (none to list tests)."""
-    if session.config.option.collectonly:
-        return
+    """Start the BACKGROUND commands the selected tests use, once each."""
     for item in session.items:
-        commands = item.module.BACKGROUND if _background_names(item) else {}
-        for name in sorted(_background_names(item)):
+        commands = getattr(getattr(item, "module", None), "BACKGROUND", {})
+        for name in sorted(set(commands) & set(getattr(item, "fixturenames", ()))):
             if name not in _background:
                 _start_in_background(name, commands[name])
 
 
 def pytest_sessionfinish(session):
-    """Stop what is still running in the background, with every process it started (each runs in
-    a session and process group of its own), and remove its work directories."""
+    """Stop what is still running in the background and remove its work directories."""
     while _background:
         process, work = _background.popitem()[1]
         if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+            process.kill()
         process.wait()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _start_in_background(name: str, command: Callable[[Path], list | Background]) -> None:
+def _start_in_background(name: str, command: Callable[[Path], list]) -> None:
     work = Path(tempfile.mkdtemp(prefix=f"template-{name}-"))
-    spec = command(work)
-    spec = spec if isinstance(spec, Background) else Background(spec)
     with open(work / "stdout", "w") as stdout, open(work / "stderr", "w") as stderr:
         process = subprocess.Popen(
-            ["nice", "-n", str(spec.nice), *map(str, spec.argv)],
-            cwd=spec.cwd or work,
-            env={**os.environ, "PYTHON": sys.executable, **spec.env},
+            ["nice", "-n", "19", *map(str, command(work))],
+            cwd=work,
+            env={**os.environ, "PYTHON": sys.executable},
             stdin=subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
             start_new_session=True,
         )
-    if spec.nice:
-        with contextlib.suppress(OSError):  # the session's autogroup (where the kernel has them)
-            Path(f"/proc/{process.pid}/autogroup").write_text(str(spec.nice))
+    with contextlib.suppress(OSError):  # the session's autogroup (where the kernel has them)
+        Path(f"/proc/{process.pid}/autogroup").write_text("19")
     _background[name] = (process, work)
 
 
-def background_result(name: str, command: Callable, timeout: float) -> tuple:
+def background_result(name: str, command: Callable[[Path], list], timeout: float) -> tuple:
     """(return code, stdout, stderr, work directory) of a BACKGROUND command, waiting for it
     (started now if the session did not: a test selected on its own)."""
     if name not in _background:

@@ -9,19 +9,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import (
-    ROOT,
-    Background,
-    background_result,
-    bake,
-    baked_tests_command,
-    compile_bytecode,
-    files_left,
-    run,
-    run_baked_tests,
-    temproot_for,
-)
-from cookiecutter.main import cookiecutter
+from conftest import bake, compile_bytecode, files_left, run, run_baked_tests, temproot_for
 
 pytestmark = pytest.mark.baked
 
@@ -39,9 +27,9 @@ pytestmark = pytest.mark.baked
 # names its tracker itself, so it runs the same in any bake. The launcher answer changes the README
 # and runs the launch tests.
 #
-# The language model's slow tier, the longest part, starts with the session and runs beside all the
-# other tests (BACKGROUND below); this file's others run in order, the fast tiers (one thread each)
-# first, the image bake's slow tier after them.
+# pytest runs this file's tests in order: the fast tiers, on one thread each, first, while the
+# benchmark check that test_bench.py starts with the session has a core to itself; the slow tiers,
+# whose gloo processes wait on each other, after it.
 VARIANT_TESTS = {
     "tracker=wandb": ["tests/engine/test_config.py", "-k", "defaults"],
     "tracker=tensorboard": ["tests/engine/test_config.py", "-k", "defaults"],
@@ -53,7 +41,6 @@ LAUNCH_TESTS = "accelerate_launch or two_nodes or restarted_group"
 # The language model's default demo, trained in full (the template's CI leaves it out, for time).
 DEMO_TEST = "default_demo"
 VARIANT_TESTS["launcher=accelerate"] = ["-m", "not gpu", "-k", LAUNCH_TESTS]
-LM = {"task": "language-model"}
 
 # The install line the README must show, e.g. pip install -e '.[dev]' (any quoting).
 README_INSTALL = re.compile(r"""pip install -e ['"]?\.\[dev\]['"]?""")
@@ -186,40 +173,14 @@ def test_baked_slow_tests_pass(cookies):
     _assert_passed_and_cleaned_up(completed, baked.path)
 
 
-def language_model_slow_tier_command(work: Path) -> Background:
-    """The task=language-model bake's slow tier, at the priority of the other tests (conftest.py):
-    the `core` tests with it, but for the launchers' and the default demo's."""
-    project = Path(
-        cookiecutter(
-            str(ROOT), no_input=True, output_dir=str(work), extra_context=LM, default_config=True
-        )
-    )
-    skipped = f"not ({LAUNCH_TESTS} or {DEMO_TEST})"
-    command, env = baked_tests_command(project, "-m", "slow and not gpu", "-k", skipped)
-    return Background(command, cwd=project, env=env, nice=0)
-
-
-# Started with the session: the longest part of a template run, and the one that leaves a core
-# idle (conftest.py), so the other tests run beside it.
-BACKGROUND = {"language_model_slow_tier": language_model_slow_tier_command}
-
-
-@pytest.fixture(scope="module")
-def language_model_slow_tier() -> tuple[subprocess.CompletedProcess, Path]:
-    """The language model's slow tier, once it ended: what it printed and the baked project."""
-    code, stdout, stderr, work = background_result(
-        "language_model_slow_tier", language_model_slow_tier_command, timeout=3600
-    )
-    project = next(work.glob("*/pyproject.toml")).parent
-    return subprocess.CompletedProcess([], code, stdout, stderr), project
-
-
-def test_language_model_bake_passes_its_slow_tier(language_model_slow_tier):
+def test_language_model_bake_passes_its_slow_tier(cookies):
     """The task=language-model bake's slow tier passes, with the `core` tests: the fault matrix
     (runs killed on 1 process, under DDP and FSDP, signalled, restarted, peers hung), sweeps,
     trackers, checkpoint formats, prepare's memory, and 2 gloo processes against one (its fast tier
     runs under the second arithmetic). The default demo's test (600 steps, 105 s) is left to the
     project's own `make test-all` and to `make bench`, which checks the demo's targets."""
-    completed, project = language_model_slow_tier
-    _assert_passed_and_cleaned_up(completed, project)
+    baked = bake(cookies, task="language-model")
+    skipped = f"not ({LAUNCH_TESTS} or {DEMO_TEST})"
+    completed = run_baked_tests(baked.path, "-m", "slow and not gpu", "-k", skipped, timeout=1500)
+    _assert_passed_and_cleaned_up(completed, baked.path)
     assert int(re.search(r"(\d+) passed", completed.stdout)[1]) >= 50, completed.stdout[-2000:]
