@@ -34,13 +34,12 @@ $(BIN)/python:
 # A lock that cannot install here (another Python, say) leaves that last step to install it all.
 HEAVY := ^(torch|triton|nvidia-.*|cuda-.*)==
 $(STAMP): requirements-dev.txt requirements-lock.txt | $(BIN)/python
-	grep -E '$(HEAVY)' requirements-lock.txt > $(VENV)/lock-0.txt
-	grep -vE '$(HEAVY)|^#' requirements-lock.txt | awk 'NR % 2 == 1' > $(VENV)/lock-1.txt
-	grep -vE '$(HEAVY)|^#' requirements-lock.txt | awk 'NR % 2 == 0' > $(VENV)/lock-2.txt
+	awk -v dir=$(VENV) '/^#/ { next } /$(HEAVY)/ { print > (dir "/lock-0.txt"); next } \
+	  { print > (dir "/lock-" (1 + n++ % 2) ".txt") }' requirements-lock.txt
 	pids=; for part in 0 1 2; do \
 	  $(BIN)/python -m pip install -q --no-deps -r $(VENV)/lock-$$part.txt & pids="$$pids $$!"; \
 	done; failed=0; for pid in $$pids; do wait $$pid || failed=1; done; \
-	[ $$failed = 0 ] && $(BIN)/python -m pip check || echo "the lock did not install: resolving requirements-dev.txt"
+	[ $$failed = 0 ] && $(BIN)/python -m pip check || echo "the lock did not install cleanly: resolving requirements-dev.txt"
 	$(BIN)/python -m pip install -q -r requirements-dev.txt
 	touch $@
 
