@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -118,35 +119,28 @@ def compile_bytecode(project: Path) -> None:
         compileall.compile_dir(project / folder, quiet=1)
 
 
-def run_baked_tests(
-    project: Path, *args: str, timeout: float = 300, env: dict | None = None
-) -> subprocess.CompletedProcess:
-    """Run a baked project's own test suite with this interpreter, importing it from ``src/``, with
-    env's variables added, its modules compiled first (`compile_bytecode`).
-
-    Its temporary directories go under `temproot_for(project)`.
-    """
-    compile_bytecode(project)
-    env = {
-        **os.environ,
-        **(env or {}),
-        "PYTHONPATH": str(project / "src"),
-        "PYTEST_DEBUG_TEMPROOT": str(temproot_for(project)),
-    }
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
-    return run(command, cwd=project, env=env, timeout=timeout)
-
-
 # Commands a test module checks the outcome of, started in the background when the session starts:
 # a test module's BACKGROUND maps a fixture name to a function that, given a work directory, returns
-# the command. Each runs at the lowest CPU priority, so it takes only what the foreground tests
-# leave idle (about 0.8 of 2 cores over a template run, whose suites are mostly one busy process)
-# and slows them little; the fixture's tests wait for it. Lowest means nice 19 in a session of its
-# own whose autogroup is niced too: Linux shares the CPU between sessions (autogroups) first, and
-# torchrun starts every worker in a session of its own, so a background command niced only inside
-# the test session's group would still take a third of the CPU from 2 such workers. Its timings
-# are not read: the benchmark's --quick checks that every figure is produced and consistent.
+# the command, as a list or as a `Background` (a command with its directory and variables); the
+# fixture's tests wait for it. They run beside the foreground tests, at the same priority, with one
+# thread per process (OMP_NUM_THREADS=1, as every baked suite here): the template's run is bound by
+# its CPU time, and a suite alone keeps about 1.3 of 2 cores busy (its tests wait on their
+# processes: checkpoints, signals, timeouts), so what runs beside it fills the other core. One
+# thread each, because a process whose threads meet at every operation (OpenMP's) stalls whenever
+# another process takes one of its cores: beside another suite, an image tier on 2 threads took 3
+# times as long.
 _background: dict[str, tuple[subprocess.Popen, Path]] = {}
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+@dataclass(frozen=True)
+class Background:
+    """A background command, the directory it runs in (else its work directory) and the variables
+    it adds to this environment."""
+
+    command: list
+    cwd: Path | None = None
+    env: dict | None = None
 
 
 def pytest_collection_finish(session):
@@ -162,30 +156,32 @@ def pytest_sessionfinish(session):
     """Stop what is still running in the background and remove its work directories."""
     while _background:
         process, work = _background.popitem()[1]
-        if process.poll() is None:
-            process.kill()
+        with contextlib.suppress(ProcessLookupError):  # with what it started in its group
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _start_in_background(name: str, command: Callable[[Path], list]) -> None:
+def _start_in_background(name: str, command: Callable[[Path], "list | Background"]) -> None:
     work = Path(tempfile.mkdtemp(prefix=f"template-{name}-"))
+    spec = command(work)
+    spec = spec if isinstance(spec, Background) else Background(spec)
     with open(work / "stdout", "w") as stdout, open(work / "stderr", "w") as stderr:
         process = subprocess.Popen(
-            ["nice", "-n", "19", *map(str, command(work))],
-            cwd=work,
-            env={**os.environ, "PYTHON": sys.executable},
+            list(map(str, spec.command)),
+            cwd=spec.cwd or work,
+            env={**os.environ, "PYTHON": sys.executable, **ONE_THREAD, **(spec.env or {})},
             stdin=subprocess.DEVNULL,
             stdout=stdout,
             stderr=stderr,
             start_new_session=True,
         )
-    with contextlib.suppress(OSError):  # the session's autogroup (where the kernel has them)
-        Path(f"/proc/{process.pid}/autogroup").write_text("19")
     _background[name] = (process, work)
 
 
-def background_result(name: str, command: Callable[[Path], list], timeout: float) -> tuple:
+def background_result(
+    name: str, command: Callable[[Path], "list | Background"], timeout: float
+) -> tuple:
     """(return code, stdout, stderr, work directory) of a BACKGROUND command, waiting for it
     (started now if the session did not: a test selected on its own)."""
     if name not in _background:
@@ -193,6 +189,30 @@ def background_result(name: str, command: Callable[[Path], list], timeout: float
     process, work = _background[name]
     code = process.wait(timeout=timeout)
     return code, (work / "stdout").read_text(), (work / "stderr").read_text(), work
+
+
+def baked_tests(project: Path, *args: str, env: dict | None = None) -> Background:
+    """The command that runs a baked project's own test suite with this interpreter, importing it
+    from ``src/``, on one thread per process (see Background), with env's variables added; its
+    modules are compiled first (`compile_bytecode`). Its temporary directories go under
+    `temproot_for(project)`."""
+    compile_bytecode(project)
+    env = {
+        **ONE_THREAD,
+        **(env or {}),
+        "PYTHONPATH": str(project / "src"),
+        "PYTEST_DEBUG_TEMPROOT": str(temproot_for(project)),
+    }
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
+    return Background(command, project, env)
+
+
+def run_baked_tests(
+    project: Path, *args: str, timeout: float = 300, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run `baked_tests` to completion."""
+    spec = baked_tests(project, *args, env=env)
+    return run(spec.command, cwd=spec.cwd, env={**os.environ, **spec.env}, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,18 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from conftest import bake, compile_bytecode, files_left, run, run_baked_tests, temproot_for
+from conftest import (
+    ROOT,
+    Background,
+    background_result,
+    bake,
+    baked_tests,
+    compile_bytecode,
+    files_left,
+    run,
+    run_baked_tests,
+    temproot_for,
+)
 
 pytestmark = pytest.mark.baked
 
@@ -27,9 +38,10 @@ pytestmark = pytest.mark.baked
 # names its tracker itself, so it runs the same in any bake. The launcher answer changes the README
 # and runs the launch tests.
 #
-# pytest runs this file's tests in order: the fast tiers, on one thread each, first, while the
-# benchmark check that test_bench.py starts with the session has a core to itself; the slow tiers,
-# whose gloo processes wait on each other, after it.
+# The language model's slow tier, the longest suite, starts with the session, beside the others
+# (conftest.py's BACKGROUND), on 2 pytest workers (pytest-xdist, a file to a worker): alone and on
+# one worker its tests wait on their processes for a third of the time and leave 0.7 of 2 cores
+# idle. pytest runs this file's other tests in order, beside it and the benchmark check.
 VARIANT_TESTS = {
     "tracker=wandb": ["tests/engine/test_config.py", "-k", "defaults"],
     "tracker=tensorboard": ["tests/engine/test_config.py", "-k", "defaults"],
@@ -162,6 +174,14 @@ def test_language_model_fast_tier_passes_under_a_second_arithmetic(cookies):
     assert ARITHMETIC_HEADER in completed.stdout, completed.stdout[:2000]  # the run really used it
 
 
+def _assert_background_passed(result: tuple, project: Path) -> subprocess.CompletedProcess:
+    """`_assert_passed_and_cleaned_up` for a BACKGROUND baked suite's `background_result`."""
+    code, stdout, stderr, _ = result
+    completed = subprocess.CompletedProcess([], code, stdout, stderr)
+    _assert_passed_and_cleaned_up(completed, project)
+    return completed
+
+
 def test_baked_slow_tests_pass(cookies):
     """The default bake's slow tier passes, but for the `core` tests the language-model bake runs:
     SIGKILL under FSDP, world-size invariance and the data pipeline with images, and an imagefolder
@@ -173,14 +193,39 @@ def test_baked_slow_tests_pass(cookies):
     _assert_passed_and_cleaned_up(completed, baked.path)
 
 
-def test_language_model_bake_passes_its_slow_tier(cookies):
+# The language model's slow tier: the fault matrix, sweeps, trackers, formats, adapters, benchmarks.
+LANGUAGE_MODEL_SLOW = ("-m", "slow and not gpu", "-k", f"not ({LAUNCH_TESTS} or {DEMO_TEST})")
+# Two pytest workers, each taking whole files (a file's module fixtures, such as the fault matrix's
+# reference runs, are made once).
+TWO_WORKERS = ("-n", "2", "--dist", "loadfile")
+
+
+def language_model_slow_command(work: Path) -> Background:
+    """Bake task=language-model into work; the command that runs its slow tier on 2 workers."""
+    from cookiecutter.main import cookiecutter
+
+    context = {"task": "language-model"}
+    project = Path(
+        cookiecutter(str(ROOT), no_input=True, output_dir=str(work), extra_context=context)
+    )
+    return baked_tests(project, *TWO_WORKERS, *LANGUAGE_MODEL_SLOW)
+
+
+BACKGROUND = {"language_model_slow_tier": language_model_slow_command}
+
+
+@pytest.fixture
+def language_model_slow_tier() -> tuple:
+    """The language model's slow tier, started with the session: background_result's tuple."""
+    return background_result("language_model_slow_tier", language_model_slow_command, timeout=1800)
+
+
+def test_language_model_bake_passes_its_slow_tier(language_model_slow_tier):
     """The task=language-model bake's slow tier passes, with the `core` tests: the fault matrix
     (runs killed on 1 process, under DDP and FSDP, signalled, restarted, peers hung), sweeps,
     trackers, checkpoint formats, prepare's memory, and 2 gloo processes against one (its fast tier
     runs under the second arithmetic). The default demo's test (600 steps, 105 s) is left to the
     project's own `make test-all` and to `make bench`, which checks the demo's targets."""
-    baked = bake(cookies, task="language-model")
-    skipped = f"not ({LAUNCH_TESTS} or {DEMO_TEST})"
-    completed = run_baked_tests(baked.path, "-m", "slow and not gpu", "-k", skipped, timeout=1500)
-    _assert_passed_and_cleaned_up(completed, baked.path)
+    project = next(language_model_slow_tier[3].glob("*/pyproject.toml")).parent
+    completed = _assert_background_passed(language_model_slow_tier, project)
     assert int(re.search(r"(\d+) passed", completed.stdout)[1]) >= 50, completed.stdout[-2000:]

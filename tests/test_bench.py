@@ -70,7 +70,7 @@ def gpu_check(work: Path) -> list:
     return ["bash", ROOT / "bench" / "gpu.sh", "--cpu-check", "--json", work / "gpu.json"]
 
 
-# Both start niced when the session starts and run while other tests do (conftest.py).
+# Both start when the session starts and run beside the other tests (conftest.py).
 BACKGROUND = {"quick": quick_check, "gpu_cpu_check": gpu_check}
 
 
