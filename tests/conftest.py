@@ -156,8 +156,9 @@ def pytest_sessionfinish(session):
     """Stop what is still running in the background and remove its work directories."""
     while _background:
         process, work = _background.popitem()[1]
-        with contextlib.suppress(ProcessLookupError):  # with what it started in its group
-            os.killpg(process.pid, signal.SIGKILL)
+        if process.poll() is None:  # with what it started in its process group
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         shutil.rmtree(work, ignore_errors=True)
 

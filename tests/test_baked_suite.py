@@ -39,9 +39,9 @@ pytestmark = pytest.mark.baked
 # and runs the launch tests.
 #
 # The language model's slow tier, the longest suite, starts with the session, beside the others
-# (conftest.py's BACKGROUND), on 2 pytest workers (pytest-xdist, a file to a worker): alone and on
-# one worker its tests wait on their processes for a third of the time and leave 0.7 of 2 cores
-# idle. pytest runs this file's other tests in order, beside it and the benchmark check.
+# (conftest.py's BACKGROUND); pytest runs this file's other tests in order beside it and the
+# benchmark check, the image project's slow tier last. Both slow tiers run on two workers
+# (TWO_WORKERS): the one that ends the run would otherwise leave a core idle.
 VARIANT_TESTS = {
     "tracker=wandb": ["tests/engine/test_config.py", "-k", "defaults"],
     "tracker=tensorboard": ["tests/engine/test_config.py", "-k", "defaults"],
@@ -53,6 +53,11 @@ LAUNCH_TESTS = "accelerate_launch or two_nodes or restarted_group"
 # The language model's default demo, trained in full (the template's CI leaves it out, for time).
 DEMO_TEST = "default_demo"
 VARIANT_TESTS["launcher=accelerate"] = ["-m", "not gpu", "-k", LAUNCH_TESTS]
+
+# The slow tiers run on two pytest workers (pytest-xdist), each taking whole files, so that a file's
+# module fixtures (the fault matrix's reference runs, say) are made once: on one worker a slow
+# tier's tests wait on their processes (checkpoints, signals, timeouts) for a third of the time.
+TWO_WORKERS = ("-n", "2", "--dist", "loadfile")
 
 # The install line the README must show, e.g. pip install -e '.[dev]' (any quoting).
 README_INSTALL = re.compile(r"""pip install -e ['"]?\.\[dev\]['"]?""")
@@ -187,17 +192,13 @@ def test_baked_slow_tests_pass(cookies):
     SIGKILL under FSDP, world-size invariance and the data pipeline with images, and an imagefolder
     of PNG files that trains well."""
     baked = bake(cookies)
-    completed = run_baked_tests(
-        baked.path, "-m", "slow and not core", "-k", f"not ({LAUNCH_TESTS})", timeout=1500
-    )
+    selection = ("-m", "slow and not core", "-k", f"not ({LAUNCH_TESTS})")
+    completed = run_baked_tests(baked.path, *TWO_WORKERS, *selection, timeout=1500)
     _assert_passed_and_cleaned_up(completed, baked.path)
 
 
 # The language model's slow tier: the fault matrix, sweeps, trackers, formats, adapters, benchmarks.
 LANGUAGE_MODEL_SLOW = ("-m", "slow and not gpu", "-k", f"not ({LAUNCH_TESTS} or {DEMO_TEST})")
-# Two pytest workers, each taking whole files (a file's module fixtures, such as the fault matrix's
-# reference runs, are made once).
-TWO_WORKERS = ("-n", "2", "--dist", "loadfile")
 
 
 def language_model_slow_command(work: Path) -> Background:
