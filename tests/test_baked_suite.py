@@ -179,14 +179,6 @@ def test_language_model_fast_tier_passes_under_a_second_arithmetic(cookies):
     assert ARITHMETIC_HEADER in completed.stdout, completed.stdout[:2000]  # the run really used it
 
 
-def _assert_background_passed(result: tuple, project: Path) -> subprocess.CompletedProcess:
-    """`_assert_passed_and_cleaned_up` for a BACKGROUND baked suite's `background_result`."""
-    code, stdout, stderr, _ = result
-    completed = subprocess.CompletedProcess([], code, stdout, stderr)
-    _assert_passed_and_cleaned_up(completed, project)
-    return completed
-
-
 def test_baked_slow_tests_pass(cookies):
     """The default bake's slow tier passes, but for the `core` tests the language-model bake runs:
     SIGKILL under FSDP, world-size invariance and the data pipeline with images, and an imagefolder
@@ -216,9 +208,13 @@ BACKGROUND = {"language_model_slow_tier": language_model_slow_command}
 
 
 @pytest.fixture
-def language_model_slow_tier() -> tuple:
-    """The language model's slow tier, started with the session: background_result's tuple."""
-    return background_result("language_model_slow_tier", language_model_slow_command, timeout=1800)
+def language_model_slow_tier() -> tuple[subprocess.CompletedProcess, Path]:
+    """The language model's slow tier, started with the session, once it ended: its outcome and
+    the project it ran in."""
+    result = background_result("language_model_slow_tier", language_model_slow_command, 1800)
+    code, stdout, stderr, work = result
+    project = next(work.glob("*/pyproject.toml")).parent
+    return subprocess.CompletedProcess([], code, stdout, stderr), project
 
 
 def test_language_model_bake_passes_its_slow_tier(language_model_slow_tier):
@@ -227,6 +223,6 @@ def test_language_model_bake_passes_its_slow_tier(language_model_slow_tier):
     trackers, checkpoint formats, prepare's memory, and 2 gloo processes against one (its fast tier
     runs under the second arithmetic). The default demo's test (600 steps, 105 s) is left to the
     project's own `make test-all` and to `make bench`, which checks the demo's targets."""
-    project = next(language_model_slow_tier[3].glob("*/pyproject.toml")).parent
-    completed = _assert_background_passed(language_model_slow_tier, project)
+    completed, project = language_model_slow_tier
+    _assert_passed_and_cleaned_up(completed, project)
     assert int(re.search(r"(\d+) passed", completed.stdout)[1]) >= 50, completed.stdout[-2000:]
