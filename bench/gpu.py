@@ -149,11 +149,14 @@ COMMON = [
     "optim.warmup_steps=10",
 ]
 # --cpu-check: the same cases, small enough for a CPU (the figures then check the script only).
+# Images in batches of 8: a CPU without bf16 instructions (AVX512-BF16, AMX) computes bf16
+# convolutions' gradients in torch's slow reference kernels (the three image cases took 95 s in
+# batches of 16 on such a CPU, 67 s in batches of 8).
 CPU_CHECK = {
     "image": [
         "data.train_size=256",
         "data.val_size=64",
-        "data.batch_size=16",
+        "data.batch_size=8",
         "data.num_workers=2",
     ],
     "lm": ["model.preset=nano", "model.arch=gpt2", "data.seq_len=64", "data.batch_size=4"],

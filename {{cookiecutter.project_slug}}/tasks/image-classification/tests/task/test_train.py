@@ -24,7 +24,7 @@ from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.train import main, train
 
 from conftest import read_metrics, torchrun
-from tiny import RECIPE, timm_folder
+from tiny import RECIPE, SMALL_MODEL, timm_folder
 
 RECIPES = Path(__file__).resolve().parents[2] / "configs" / "recipes"
 
@@ -107,7 +107,7 @@ def test_real_cuda_out_of_memory_is_one_line(tiny, capsys):
 @pytest.mark.slow
 def test_bf16_autocast_on_cpu_trains_without_a_scaler(tiny, run_dir):
     """bf16 runs under autocast with the gradient scaler disabled (it is for fp16 only)."""
-    cfg = load_config(SPEC, [], [*tiny, "trainer.precision=bf16", "trainer.max_steps=2"])
+    cfg = load_config(SPEC, [], [*tiny, *SMALL_MODEL, "trainer.precision=bf16", "trainer.max_steps=2"])
     result = train(cfg)
     assert result["val/samples"] == 101
     _, state = latest_checkpoint(run_dir / "checkpoints")

@@ -22,7 +22,8 @@ TINY = [
 ]
 # Random draws of the training data that a resumed run must repeat exactly (the windows' offsets).
 RANDOM_DATA: list[str] = []
-# The model of the engine's fault runs, which write a checkpoint every second step: TINY's nano model.
+# The model of the engine's fault runs, which write a checkpoint every second step, and of its bf16 runs on
+# the CPU: TINY's nano model.
 SMALL_MODEL: list[str] = []
 # No random draws of the training data: both loaders (data.loader=device, workers) hand over the same batches.
 SAME_DATA: list[str] = []
