@@ -149,9 +149,9 @@ COMMON = [
     "optim.warmup_steps=10",
 ]
 # --cpu-check: the same cases, small enough for a CPU (the figures then check the script only).
-# Images in batches of 8: a CPU without bf16 instructions (AVX512-BF16, AMX) computes bf16
-# convolutions' gradients in torch's slow reference kernels (the three image cases took 95 s in
-# batches of 16 on such a CPU, 67 s in batches of 8).
+# Images in batches of 8: on a CPU without AVX-512 torch computes bf16 convolutions' gradients in
+# its slow reference kernels (the three image cases took 95 s in batches of 16 on such a CPU, 67 s
+# in batches of 8).
 CPU_CHECK = {
     "image": [
         "data.train_size=256",

@@ -86,3 +86,17 @@ def test_setattr_replaces_a_buffer_and_keeps_whether_it_is_persistent(persistent
     module.stat = torch.ones(2)
     assert torch.equal(module.stat, torch.ones(2))
     assert ("stat" in module.state_dict()) == persistent
+
+
+def test_bf16_convolutions_take_the_slow_reference_kernels_where_onednn_lacks_bf16():
+    """cpu_computes_bf16_convolutions says which kernels compute a bf16 convolution's gradients on this
+    CPU: oneDNN's, or torch's slow reference ones (aten::_slow_conv2d_backward) where it says no."""
+    from torch.profiler import ProfilerActivity, profile
+
+    conv, images = nn.Conv2d(3, 4, 3), torch.randn(2, 3, 8, 8)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = conv(images)
+        out.float().sum().backward()
+    slow = any(event.key == "aten::_slow_conv2d_backward" for event in prof.key_averages())
+    assert slow != torch_private.cpu_computes_bf16_convolutions()

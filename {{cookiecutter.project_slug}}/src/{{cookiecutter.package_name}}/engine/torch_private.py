@@ -52,6 +52,13 @@ class UnsynchronizedStager:
     should_synchronize_after_execute = False
 
 
+def cpu_computes_bf16_convolutions() -> bool:
+    """Whether torch computes bf16 convolutions on this CPU with oneDNN's kernels, which need AVX-512
+    on x86: torch's own check, reached only through the underscored mkldnn op. Without them a bf16
+    convolution's gradients run in torch's slow reference kernels (aten::_slow_conv2d_backward)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def record_cuda_memory_history(enabled: bool) -> None:
     """Start (or stop) recording CUDA allocations for a memory snapshot; torch documents the
     underscored torch.cuda.memory._record_memory_history as the way to do it."""

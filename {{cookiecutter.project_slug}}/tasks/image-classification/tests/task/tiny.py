@@ -22,9 +22,9 @@ RANDOM_DATA = RECIPE
 # The model of the engine's fault runs, which write a checkpoint every second step: timm's test ResNet
 # (0.37M parameters, with BatchNorm buffers that must come back on every rank) in place of ResNet-18's
 # 11.2M, whose checkpoints took half of a 2-process FSDP run's time (23 s against 11). The bf16 runs on
-# the CPU train it too: a CPU without bf16 instructions (AVX512-BF16, AMX) computes bf16 convolutions'
-# gradients in torch's slow reference kernels, 15 s a ResNet-18 step of TINY against 0.2 s in fp32 (0.6 s
-# for this one). The task's other tests train the default model.
+# the CPU train it too: on a CPU without AVX-512 torch computes bf16 convolutions' gradients in its slow
+# reference kernels, 15.5 s a ResNet-18 step of TINY against 0.23 s in fp32 (0.6 s for this one). The
+# task's other tests train the default model.
 SMALL_MODEL = ["model.name=timm:test_resnet"]
 # No random draws of the training data: both loaders (data.loader=device, workers) hand over the same batches.
 SAME_DATA = ["data.augment=none"]
