@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -335,6 +336,44 @@ def test_a_worker_whose_launcher_is_gone_asks_to_stop(monkeypatch):
             assert time.monotonic() < deadline, "no stop 5 s after the launcher went away"
             time.sleep(0.01)
     assert stop.reason == f"the loss of its launcher (pid {launcher})" and stop.signal is None
+
+
+class PeerFlags:
+    """all_reduce(MAX) with one other rank, whose flags are given one optimizer step after another."""
+
+    def __init__(self, *flags: int):
+        self.flags = list(flags)
+
+    def __call__(self, flag, op, group, async_op):
+        flag.fill_(max(int(flag.item()), self.flags.pop(0)))
+        return types.SimpleNamespace(wait=lambda: None)
+
+
+@pytest.mark.core  # signals, restarts and peers: the same for every task
+@pytest.mark.parametrize(
+    "peer, own_launcher_gone, reason",
+    [
+        ("SIGTERM", False, "SIGTERM to another process"),
+        ("launcher", False, "the loss of another process's launcher"),  # on another node
+        ("launcher", True, "the loss of its launcher (pid {launcher})"),  # its watcher had not looked yet
+    ],
+)
+def test_a_rank_stopped_by_another_says_what_stopped_it(monkeypatch, peer, own_launcher_gone, reason):
+    """The stop flag carries its kind: the exit line of a rank that another one stopped names it (the
+    ranks' launcher watchers look at different moments, and the main rank's line is the one users read)."""
+    launcher = os.getppid()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setattr(preemption, "LAUNCHER_CHECK_S", 3600)  # this rank's watcher never looks by itself
+    monkeypatch.setattr(preemption, "joined", lambda: True)
+    monkeypatch.setattr(preemption.dist, "get_backend", lambda: "gloo")
+    monkeypatch.setattr(preemption.dist, "all_reduce", PeerFlags(0, preemption.CODES[peer]))
+    with StopRequest() as stop:
+        assert not stop.poll()  # starts step 1's all-reduce
+        if own_launcher_gone:
+            monkeypatch.setattr(os, "getppid", lambda: launcher + 1)
+        assert not stop.poll()  # step 1's: no request; starts step 2's, which carries the peer's
+        assert stop.poll()
+    assert stop.reason == reason.format(launcher=launcher) and stop.signal is None
 
 
 @pytest.mark.slow

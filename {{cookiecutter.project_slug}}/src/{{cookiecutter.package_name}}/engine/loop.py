@@ -92,7 +92,7 @@ def fit(cfg: Config, spec: TaskSpec, task_class: type[Task], env: distributed.Di
                 if stopping or (plan.saves_at(progress.step) and not ends_loop):
                     run.save(wait=stopping)
                 if stopping:
-                    raise Preempted(f"stopped by {stop_reason(stop)} after step {progress.step}; {run.saved_where()}")
+                    raise Preempted(f"stopped by {stop.reason} after step {progress.step}; {run.saved_where()}")
                 if plan.finished(progress):
                     break
             if run.stopped_early():  # mid-epoch: its checkpoint is this step's, right after that validation
@@ -108,11 +108,6 @@ def fit(cfg: Config, spec: TaskSpec, task_class: type[Task], env: distributed.Di
     finally:
         run.close(completed)
     return {**val, "best": progress.best, "monitor": run.monitor, "step": progress.step, "epoch": progress.epoch}
-
-
-def stop_reason(stop: StopRequest) -> str:
-    """What asked training to stop, for the exit message."""
-    return stop.reason or "a signal to another process"
 
 
 @dataclass

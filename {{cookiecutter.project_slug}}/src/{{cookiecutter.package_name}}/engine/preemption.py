@@ -30,6 +30,15 @@ from .parallel.distributed import joined
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 LAUNCHER_CHECK_S = 1.0  # seconds between checks that the launcher is alive
+# The flag each rank shares names what asked it to stop (the all-reduce keeps the largest), so a rank
+# stopped by another one can say why: 0 is no request, an unnamed one (the sweep's) is 1.
+CODES = {"SIGUSR1": 2, "SIGTERM": 3, "launcher": 4}
+FROM_ANOTHER = {
+    1: "a stop request of another process",
+    2: "SIGUSR1 to another process",
+    3: "SIGTERM to another process",
+    4: "the loss of another process's launcher",
+}
 
 
 class StopRequest:
@@ -46,6 +55,8 @@ class StopRequest:
         self._signals, self._on_stop = tuple(signals), on_stop
         self._previous: dict = {}
         self._group = None
+        self._code = 0  # the kind of this process's request, from CODES
+        self._launcher: int | None = None  # the pid of torchrun's agent, when it started this process
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
         self._closed = threading.Event()
         self._watch: threading.Thread | None = None
@@ -55,7 +66,8 @@ class StopRequest:
             for sig in self._signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
         if os.environ.get("TORCHELASTIC_RUN_ID"):  # started by torchrun's agent
-            self._watch = threading.Thread(target=self._watch_launcher, args=(os.getppid(),), daemon=True)
+            self._launcher = os.getppid()
+            self._watch = threading.Thread(target=self._watch_launcher, daemon=True)
             self._watch.start()
         if joined() and dist.get_backend() != "gloo":
             self._group = dist.new_group(backend="gloo")  # a CPU flag: no device sync in the step
@@ -72,18 +84,24 @@ class StopRequest:
 
     def _handle(self, signum, frame) -> None:
         self.signal = signal.Signals(signum)
-        self.request(self.signal.name)
+        self.request(self.signal.name, CODES[self.signal.name])
 
-    def _watch_launcher(self, launcher: int) -> None:
+    def _watch_launcher(self) -> None:
         """A thread: once the parent is no longer the launcher (it died; init or a subreaper adopted us), stop."""
-        while not self._closed.wait(LAUNCHER_CHECK_S):
-            if os.getppid() != launcher:
-                self.request(f"the loss of its launcher (pid {launcher})")
-                return
+        while not self._closed.wait(LAUNCHER_CHECK_S) and not self._launcher_lost():
+            pass
 
-    def request(self, reason: str) -> None:
+    def _launcher_lost(self) -> bool:
+        """Whether the launcher is gone, asking to stop if so."""
+        lost = self._launcher is not None and os.getppid() != self._launcher
+        if lost:
+            self.request(f"the loss of its launcher (pid {self._launcher})", CODES["launcher"])
+        return lost
+
+    def request(self, reason: str, code: int = 1) -> None:
         """Ask to stop, as a signal does (the first reason is the one kept)."""
-        self.reason = self.reason or reason
+        if self.reason is None:
+            self.reason, self._code = reason, code
         if self._on_stop:
             self._on_stop()
 
@@ -92,15 +110,19 @@ class StopRequest:
 
         With one, each call starts an all-reduce of this rank's flag and reads the one started by
         the previous call, so a stop lands one optimizer step after the signal, on all ranks at
-        the same step, and no call waits on the network while there is work to do.
+        the same step, and no call waits on the network while there is work to do. A rank stopped
+        by another one takes its reason from the flag, unless it finds its own launcher gone too
+        (the ranks' watchers check it at different moments).
         """
         if not joined():
             return self.reason is not None
         if self._pending:
             (work, flag), self._pending = self._pending, None
             work.wait()
-            if flag.item():  # a CPU tensor: no GPU sync
+            if code := int(flag.item()):  # a CPU tensor: no GPU sync
+                if self.reason is None and not self._launcher_lost():
+                    self.reason = FROM_ANOTHER[code]
                 return True
-        flag = torch.tensor([0 if self.reason is None else 1], dtype=torch.int32)
+        flag = torch.tensor([self._code], dtype=torch.int32)
         self._pending = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group, async_op=True), flag)
         return False
