@@ -89,7 +89,7 @@ def test_setattr_replaces_a_buffer_and_keeps_whether_it_is_persistent(persistent
 
 
 def test_bf16_convolutions_take_the_slow_reference_kernels_where_onednn_lacks_bf16():
-    """cpu_computes_bf16_convolutions says which kernels compute a bf16 convolution's gradients on this
+    """cpu_has_onednn_bf16 says which kernels compute a bf16 convolution's gradients on this
     CPU: oneDNN's, or torch's slow reference ones (aten::_slow_conv2d_backward) where it says no."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -99,4 +99,4 @@ def test_bf16_convolutions_take_the_slow_reference_kernels_where_onednn_lacks_bf
             out = conv(images)
         out.float().sum().backward()
     slow = any(event.key == "aten::_slow_conv2d_backward" for event in prof.key_averages())
-    assert slow != torch_private.cpu_computes_bf16_convolutions()
+    assert slow != torch_private.cpu_has_onednn_bf16()

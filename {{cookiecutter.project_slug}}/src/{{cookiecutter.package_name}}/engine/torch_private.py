@@ -52,10 +52,11 @@ class UnsynchronizedStager:
     should_synchronize_after_execute = False
 
 
-def cpu_computes_bf16_convolutions() -> bool:
-    """Whether torch computes bf16 convolutions on this CPU with oneDNN's kernels, which need AVX-512
-    on x86: torch's own check, reached only through the underscored mkldnn op. Without them a bf16
-    convolution's gradients run in torch's slow reference kernels (aten::_slow_conv2d_backward)."""
+def cpu_has_onednn_bf16() -> bool:
+    """Whether torch computes bf16 on this CPU with oneDNN's kernels, which need AVX-512 on x86:
+    torch's own check, reached only through the underscored mkldnn op. Without them bf16 matrix
+    products and convolutions run in torch's slow reference kernels (a convolution's gradients in
+    aten::_slow_conv2d_backward)."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 

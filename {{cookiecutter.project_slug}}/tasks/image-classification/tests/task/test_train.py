@@ -19,7 +19,7 @@ from {{ cookiecutter.package_name }}.engine.ckpt.checkpoint import latest_checkp
 from {{ cookiecutter.package_name }}.engine.config import ConfigError, load_config
 from {{ cookiecutter.package_name }}.engine.optim import warmup_cosine
 from {{ cookiecutter.package_name }}.engine.parallel import distributed
-from {{ cookiecutter.package_name }}.engine.torch_private import cpu_computes_bf16_convolutions
+from {{ cookiecutter.package_name }}.engine.torch_private import cpu_has_onednn_bf16
 from {{ cookiecutter.package_name }}.task import task as task_module
 from {{ cookiecutter.package_name }}.task.config import SPEC
 from {{ cookiecutter.package_name }}.train import main, train
@@ -108,14 +108,14 @@ def test_real_cuda_out_of_memory_is_one_line(tiny, capsys):
 @pytest.mark.slow
 def test_bf16_autocast_on_cpu_trains_without_a_scaler(tiny, run_dir, caplog):
     """bf16 runs under autocast with the gradient scaler disabled (it is for fp16 only), and warns, on a CPU
-    whose bf16 convolutions take torch's slow reference kernels, that fp32 trains faster."""
+    without oneDNN's bf16 kernels (torch's slow reference kernels compute bf16 there), that fp32 trains faster."""
     cfg = load_config(SPEC, [], [*tiny, *SMALL_MODEL, "trainer.precision=bf16", "trainer.max_steps=2"])
     result = train(cfg)
     assert result["val/samples"] == 101
     _, state = latest_checkpoint(run_dir / "checkpoints")
     assert state["scaler"] == {}  # a disabled GradScaler has no state
     warned = "trainer.precision=fp32 trains faster here" in caplog.text
-    assert warned != cpu_computes_bf16_convolutions()
+    assert warned != cpu_has_onednn_bf16()
 
 
 @pytest.mark.gpu
