@@ -338,6 +338,18 @@ def test_a_worker_whose_launcher_is_gone_asks_to_stop(monkeypatch):
     assert stop.reason == f"the loss of its launcher (pid {launcher})" and stop.signal is None
 
 
+@pytest.mark.core  # signals, restarts and peers: the same for every task
+def test_any_signal_asked_for_is_a_stop_request_named_for_it():
+    """A sweep also stops on SIGINT (Ctrl-C), a signal without a code of its own: the request is named for it."""
+    with StopRequest((signal.SIGINT,)) as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        deadline = time.monotonic() + 5
+        while not stop.poll():
+            assert time.monotonic() < deadline, "no stop 5 s after SIGINT"
+            time.sleep(0.01)
+    assert stop.reason == "SIGINT" and stop.signal == signal.SIGINT
+
+
 class PeerFlags:
     """all_reduce(MAX) with one other rank, whose flags are given one optimizer step after another."""
 

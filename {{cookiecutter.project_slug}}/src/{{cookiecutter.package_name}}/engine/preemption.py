@@ -31,13 +31,12 @@ from .parallel.distributed import joined
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 LAUNCHER_CHECK_S = 1.0  # seconds between checks that the launcher is alive
 # The flag each rank shares names what asked it to stop (the all-reduce keeps the largest), so a rank
-# stopped by another one can say why: 0 is no request, an unnamed one (the sweep's) is 1.
-CODES = {"SIGUSR1": 2, "SIGTERM": 3, "launcher": 4}
+# stopped by another one can say why: 0 is no request, another (a signal a sweep also handles) is 1.
+CODES = {"SIGINT": 2, "SIGUSR1": 3, "SIGTERM": 4, "launcher": 5}
 FROM_ANOTHER = {
     1: "a stop request of another process",
-    2: "SIGUSR1 to another process",
-    3: "SIGTERM to another process",
-    4: "the loss of another process's launcher",
+    **{code: f"{name} to another process" for name, code in CODES.items() if name.startswith("SIG")},
+    CODES["launcher"]: "the loss of another process's launcher",
 }
 
 
@@ -84,7 +83,7 @@ class StopRequest:
 
     def _handle(self, signum, frame) -> None:
         self.signal = signal.Signals(signum)
-        self.request(self.signal.name, CODES[self.signal.name])
+        self.request(self.signal.name, CODES.get(self.signal.name, 1))
 
     def _watch_launcher(self) -> None:
         """A thread: once the parent is no longer the launcher (it died; init or a subreaper adopted us), stop."""
