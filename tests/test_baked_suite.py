@@ -40,8 +40,8 @@ pytestmark = pytest.mark.baked
 #
 # The language model's slow tier, the longest suite, starts with the session, beside the others
 # (conftest.py's BACKGROUND); pytest runs this file's other tests in order beside it and the
-# benchmark check, the image project's slow tier last. Both slow tiers run on two workers
-# (TWO_WORKERS): the one that ends the run would otherwise leave a core idle.
+# benchmark check, the image project's slow tier last. The tiers run on two workers (TWO_WORKERS):
+# the one that ends the run would otherwise leave a core idle.
 VARIANT_TESTS = {
     "tracker=wandb": ["tests/engine/test_config.py", "-k", "defaults"],
     "tracker=tensorboard": ["tests/engine/test_config.py", "-k", "defaults"],
@@ -54,9 +54,10 @@ LAUNCH_TESTS = "accelerate_launch or two_nodes or restarted_group"
 DEMO_TEST = "default_demo"
 VARIANT_TESTS["launcher=accelerate"] = ["-m", "not gpu", "-k", LAUNCH_TESTS]
 
-# The slow tiers run on two pytest workers (pytest-xdist), each taking whole files, so that a file's
-# module fixtures (the fault matrix's reference runs, say) are made once: on one worker a slow
-# tier's tests wait on their processes (checkpoints, signals, timeouts) for a third of the time.
+# Every baked suite runs on two pytest workers (pytest-xdist), each taking whole files, so that a
+# file's module fixtures (the fault matrix's reference runs, say) are made once, as the baked
+# Makefile's test targets run them: on one worker a slow tier's tests wait on their processes
+# (checkpoints, signals, timeouts) for a third of the time.
 TWO_WORKERS = ("-n", "2", "--dist", "loadfile")
 
 # The install line the README must show, e.g. pip install -e '.[dev]' (any quoting).
@@ -155,6 +156,7 @@ def test_readme_install_then_tests_pass(cookies, tmp_path):
         "-p",
         "no:cacheprovider",
         "--verbose",
+        *TWO_WORKERS,
         "-k",
         f"not ({LAUNCH_TESTS})",
     ]
@@ -171,7 +173,7 @@ def test_language_model_fast_tier_passes_under_a_second_arithmetic(cookies):
     baked = bake(cookies, task="language-model")
     completed = run_baked_tests(
         baked.path,
-        *("--verbose", "-m", "not slow and not core", "-k", f"not ({LAUNCH_TESTS})"),
+        *("--verbose", *TWO_WORKERS, "-m", "not slow and not core", "-k", f"not ({LAUNCH_TESTS})"),
         env=SECOND_ARITHMETIC,
         timeout=600,
     )
