@@ -87,8 +87,9 @@ class StopRequest:
 
     def _watch_launcher(self) -> None:
         """A thread: once the parent is no longer the launcher (it died; init or a subreaper adopted us), stop."""
-        while not self._closed.wait(LAUNCHER_CHECK_S) and not self._launcher_lost():
-            pass
+        while not self._closed.wait(LAUNCHER_CHECK_S):
+            if self._launcher_lost():
+                return
 
     def _launcher_lost(self) -> bool:
         """Whether the launcher is gone, asking to stop if so."""
